@@ -1,0 +1,261 @@
+"""The protocol's requests and replies: small frozen dataclasses named by verb.
+
+Each class has a wire type (`wire.MsgType`); its fields travel in the meta as a tuple,
+in declaration order, encoded by `codec`. `decode` checks the field count and each
+field's type, so a server can hand the result to its handlers without trusting the peer.
+Tensors travel as `codec.Ext` values defined in `torch_values` (this module stays
+torch-free). Payload buffers (WRITE data, READ replies, ECHO) travel beside the meta.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ProtocolError
+from . import codec
+from .wire import MsgType
+
+_REGISTRY: dict[int, type] = {}
+
+
+def _message(msg_type: MsgType):
+    def register(cls):
+        cls = dataclass(frozen=True)(cls)
+        cls.TYPE = msg_type
+        hints = typing.get_type_hints(cls)
+        cls._CHECKS = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+        _REGISTRY[int(msg_type)] = cls
+        return cls
+
+    return register
+
+
+# -- session control ------------------------------------------------------------------
+@_message(MsgType.HELLO)
+class Hello:
+    token: str
+    client: str  # free text for the server's log: "host pid"
+    wire_version: int
+
+
+@_message(MsgType.WELCOME)
+class Welcome:
+    session: int
+    device: str  # the torch device the server executes on, e.g. "cuda:0"
+    memory_limit: int  # bytes this session may hold; 0: no limit but the device's
+    server_version: str
+
+
+@_message(MsgType.GOODBYE)
+class Goodbye:
+    pass
+
+
+@_message(MsgType.PING)
+class Ping:
+    nonce: int
+
+
+@_message(MsgType.PONG)
+class Pong:
+    nonce: int
+
+
+@_message(MsgType.ERROR)
+class ErrorReply:
+    kind: str  # "op", "oom", "auth", "protocol", "unknown_op", "bad_handle"
+    message: str
+    trace: str  # the server's traceback, "" when there is none
+
+
+# -- storage --------------------------------------------------------------------------
+@_message(MsgType.ALLOC)
+class AllocStorage:
+    sid: int
+    nbytes: int
+
+
+@_message(MsgType.FREE)
+class FreeStorage:
+    sids: tuple
+
+
+@_message(MsgType.WRITE)
+class WriteStorage:
+    """Followed by one payload of `nbytes` bytes, written at byte `offset` of storage `sid`."""
+
+    sid: int
+    offset: int
+    nbytes: int
+
+
+@_message(MsgType.READ)
+class ReadStorage:
+    """Answered by Data with one payload, or by ErrorReply (also for deferred errors)."""
+
+    sid: int
+    offset: int
+    nbytes: int
+
+
+@_message(MsgType.DATA)
+class Data:
+    nbytes: int
+
+
+# -- compute ----------------------------------------------------------------------------
+@_message(MsgType.RUN)
+class RunOp:
+    """Run aten op `op` ("aten::add.Tensor"); bind tensor result i to `outs[i]`.
+
+    `outs[i]` is a tensor reference with the layout the client promised (the server
+    copies when the kernel's layout differs), or None for results that alias an input
+    or are not tensors. With `reply` set the server answers RunReply with the results'
+    metadata instead (data-dependent shapes); the results then wait under the storage
+    ids of `outs` (plain ints) until freed.
+    """
+
+    op: str
+    args: tuple
+    kwargs: dict
+    outs: tuple
+    reply: bool = False
+
+
+@_message(MsgType.RUN_REPLY)
+class RunReply:
+    #: per result: (nbytes, dtype, shape, stride, storage_offset), or a plain value
+    results: tuple
+
+
+@_message(MsgType.BATCH)
+class Batch:
+    """Several one-way requests in one message: items are (MsgType, fields tuple).
+
+    Only ALLOC, FREE, WRITE and RUN (without reply) may appear; WRITE items take the
+    batch's payloads in order.
+    """
+
+    items: tuple
+
+
+@_message(MsgType.SYNC)
+class Sync:
+    pass
+
+
+@_message(MsgType.SYNC_OK)
+class SyncOk:
+    ops_done: int
+
+
+@_message(MsgType.RUN_GRAPH)
+class RunGraph:
+    """Run a captured aten graph: `nodes` are (op, args, kwargs) with Ext(GRAPH_VALUE, i)
+    naming earlier node results; `outs` bind the graph outputs like RunOp.outs."""
+
+    graph_id: int
+    nodes: tuple
+    inputs: tuple
+    outputs: tuple
+    outs: tuple
+
+
+# -- device state -------------------------------------------------------------------------
+@_message(MsgType.STATS)
+class Stats:
+    pass
+
+
+@_message(MsgType.STATS_REPLY)
+class StatsReply:
+    values: dict
+
+
+@_message(MsgType.RNG)
+class Rng:
+    action: str  # "get" | "set"
+    generator: Any  # the generator reference, see torch_values
+    state: bytes = b""
+
+
+@_message(MsgType.RNG_REPLY)
+class RngReply:
+    state: bytes
+
+
+@_message(MsgType.EMPTY_CACHE)
+class EmptyCache:
+    pass
+
+
+# -- benchmarking -------------------------------------------------------------------------
+@_message(MsgType.ECHO)
+class Echo:
+    seq: int
+
+
+@_message(MsgType.ECHO_REPLY)
+class EchoReply:
+    seq: int
+
+
+@_message(MsgType.SINK)
+class Sink:
+    seq: int
+
+
+# -- encoding -------------------------------------------------------------------------------
+ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN})
+
+
+def fields_of(msg) -> tuple:
+    return tuple(getattr(msg, name) for name, _ in msg._CHECKS)
+
+
+def encode(msg) -> bytes:
+    return codec.encode(fields_of(msg))
+
+
+def decode(msg_type: int, meta) -> Any:
+    """Meta bytes of a message of `msg_type` -> its dataclass; ProtocolError if invalid."""
+    try:
+        cls = _REGISTRY[msg_type]
+    except KeyError:
+        raise ProtocolError(f"unknown message type {msg_type}") from None
+    return from_fields(cls, codec.decode(meta))
+
+
+def from_fields(cls, values) -> Any:
+    if type(values) is not tuple:
+        raise ProtocolError(f"{cls.__name__}: meta is not a tuple of fields")
+    checks = cls._CHECKS
+    required = sum(1 for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING)
+    if not required <= len(values) <= len(checks):
+        raise ProtocolError(f"{cls.__name__}: expected {len(checks)} fields, got {len(values)}")
+    for (name, kind), value in zip(checks, values):
+        if kind is Any:
+            continue
+        if kind is int and type(value) is not int or kind is not int and not isinstance(value, kind):
+            raise ProtocolError(f"{cls.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
+    return cls(*values)
+
+
+def batch_items(batch: Batch) -> list:
+    """Decode a Batch's items into request dataclasses, rejecting types not allowed there."""
+    out = []
+    for item in batch.items:
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not int:
+            raise ProtocolError("Batch item is not a (type, fields) pair")
+        msg_type, values = item
+        if msg_type not in ONE_WAY_IN_BATCH:
+            raise ProtocolError(f"message type {msg_type} is not allowed inside a Batch")
+        out.append(from_fields(_REGISTRY[msg_type], values))
+    return out
+
+
+def batch_item(msg) -> tuple:
+    return (int(msg.TYPE), fields_of(msg))

@@ -1,0 +1,213 @@
+"""TCP fallback transport (also any connected stream socket, e.g. a socketpair).
+
+Large payloads move without extra copies: `sendmsg` gathers the prologue and the
+payload buffers in one call, and `recv_into` writes straight into the buffers the
+caller's sink chose.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import threading
+from typing import Optional, Sequence
+
+from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
+from . import wire
+from .transport import Listener, Message, PayloadSink, Transport, default_sink
+
+log = logging.getLogger(__name__)
+
+#: A message that stops making progress for this long means the peer is gone.
+DEFAULT_STALL_TIMEOUT_S = 30.0
+_SOCKET_BUFFER = 4 << 20
+_IOV_MAX = 512
+_RECV_CHUNK = 16 << 20
+
+
+def _byte_view(buf) -> memoryview:
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+class TcpTransport(Transport):
+    def __init__(self, sock: socket.socket, *, peer: str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S):
+        self._sock = sock
+        self._limits = limits
+        self._stall = stall_timeout
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._counters = {"tx_messages": 0, "tx_bytes": 0, "rx_messages": 0, "rx_bytes": 0}
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+            except OSError:
+                pass
+        sock.settimeout(stall_timeout)
+        if peer is None:
+            try:
+                host, port = sock.getpeername()[:2]
+                peer = f"tcp:{host}:{port}"
+            except (OSError, ValueError, TypeError):
+                peer = "stream"
+        self.peer = peer
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def connect(cls, host: str, port: int, timeout: float = 10.0, **kwargs) -> "TcpTransport":
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise PeerGone(f"cannot connect to tcp:{host}:{port}: {exc.strerror or exc}") from exc
+        return cls(sock, **kwargs)
+
+    @classmethod
+    def pair(cls, **kwargs) -> tuple["TcpTransport", "TcpTransport"]:
+        """Two connected transports over a socketpair (the in-memory transport for tests)."""
+        a, b = socket.socketpair()
+        return cls(a, peer="pair:b", **kwargs), cls(b, peer="pair:a", **kwargs)
+
+    # -- Transport ---------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def stats(self) -> dict:
+        return dict(self._counters)
+
+    def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
+        views = [_byte_view(p) for p in payloads]
+        prologue = wire.encode_prologue(msg_type, meta, [v.nbytes for v in views], req_id=req_id,
+                                        flags=flags, limits=self._limits)
+        pieces = [memoryview(prologue)] + [v for v in views if v.nbytes]
+        with self._send_lock:
+            self._check_open()
+            try:
+                self._sendall(pieces)
+            except (socket.timeout, TimeoutError):
+                raise self._broken(f"send to {self.peer} stalled for {self._stall:.0f} s") from None
+            except OSError as exc:
+                raise self._broken(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
+        self._counters["tx_messages"] += 1
+        self._counters["tx_bytes"] += len(prologue) + sum(v.nbytes for v in views)
+
+    def _sendall(self, pieces: list) -> None:
+        while pieces:
+            sent = self._sock.sendmsg(pieces[:_IOV_MAX])
+            while sent:
+                if sent >= pieces[0].nbytes:
+                    sent -= pieces[0].nbytes
+                    pieces.pop(0)
+                else:
+                    pieces[0] = pieces[0][sent:]
+                    sent = 0
+
+    def recv(self, timeout: Optional[float] = None, sink: Optional[PayloadSink] = None) -> Message:
+        self._check_open()
+        self._wait_readable(timeout)
+        try:
+            head = bytearray(wire.HEADER_SIZE)
+            self._recv_exact(memoryview(head), first=True)
+            try:
+                header = wire.decode_header(head, self._limits)
+                rest = bytearray(header.rest_len)
+                self._recv_exact(memoryview(rest))
+                lengths, meta = wire.decode_rest(header, head, rest)
+            except ProtocolError:
+                log.warning("closing %s: malformed message", self.peer)
+                self.close()
+                raise
+            buffers = (sink or default_sink)(header, meta, lengths)
+            views = [_byte_view(b) for b in buffers]
+            if [v.nbytes for v in views] != lengths:
+                raise ValueError("payload sink returned buffers of the wrong sizes")
+            for v in views:
+                self._recv_exact(v)
+        except (socket.timeout, TimeoutError):
+            raise self._broken(f"{self.peer} stalled mid-message for {self._stall:.0f} s") from None
+        except OSError as exc:
+            raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
+        self._counters["rx_messages"] += 1
+        self._counters["rx_bytes"] += wire.HEADER_SIZE + header.rest_len + header.payload_total
+        return Message(header.type, meta, buffers, header.req_id, header.flags)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"transport to {self.peer} is closed")
+
+    def _broken(self, text: str) -> Exception:
+        if self._closed:
+            return TransportClosed(f"transport to {self.peer} was closed")
+        self.close()
+        return PeerGone(text)
+
+    def _wait_readable(self, timeout: Optional[float]) -> None:
+        try:
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+        except (OSError, ValueError):
+            self._check_open()
+            raise
+        if not ready:
+            self._check_open()
+            raise TransportTimeout(f"no message from {self.peer} within {timeout} s")
+
+    def _recv_exact(self, view: memoryview, first: bool = False) -> None:
+        got, total = 0, view.nbytes
+        while got < total:
+            n = self._sock.recv_into(view[got : got + _RECV_CHUNK])
+            if n == 0:
+                where = "" if first and got == 0 else " mid-message"
+                raise OSError(errno.ECONNRESET, f"connection closed by peer{where}")
+            got += n
+
+
+class TcpListener(Listener):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 64, **transport_kwargs):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(backlog)
+        self._kwargs = transport_kwargs
+        self._closed = False
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.address = f"tcp:{self.host}:{self.port}"
+
+    def accept(self, timeout: Optional[float] = None) -> TcpTransport:
+        if self._closed:
+            raise TransportClosed("listener is closed")
+        try:
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+        except (OSError, ValueError):
+            raise TransportClosed("listener is closed") from None
+        if not ready:
+            raise TransportTimeout(f"no client within {timeout} s")
+        try:
+            sock, _ = self._sock.accept()
+        except OSError as exc:
+            raise TransportClosed(f"listener closed: {exc}") from exc
+        return TcpTransport(sock, **self._kwargs)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close()

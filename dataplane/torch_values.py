@@ -1,0 +1,157 @@
+"""How torch values travel in message fields (the one dataplane module that imports torch).
+
+Op arguments are Python values, torch enums and tensors. They become `codec` values:
+plain scalars and containers as themselves, torch types as `Ext` with the codes below.
+Tensors are references to remote storage (TENSOR) or, for small CPU tensors that ops
+take as arguments (wrapped scalars, index lists), inline bytes (CPU_TENSOR).
+Decoding accepts only dtypes, layouts and memory formats from fixed tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..errors import ProtocolError
+from .codec import Ext
+
+TENSOR = 1  # (sid, dtype, shape, stride, storage_offset, flags)
+DTYPE = 2  # name
+DEVICE = 3  # (type, index); "remote_accel" means the server's own device
+LAYOUT = 4  # name
+MEMORY_FORMAT = 5  # name
+GENERATOR = 6  # (generator id, seed, epoch)
+CPU_TENSOR = 7  # (dtype, shape, raw little-endian bytes), contiguous
+GRAPH_VALUE = 8  # index of an earlier node's result inside a RunGraph
+
+FLAG_CONJ = 1
+FLAG_NEG = 2
+
+#: Inline CPU tensors above this size are refused: large data moves with WRITE.
+MAX_INLINE_BYTES = 1 << 16
+
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+        torch.complex32, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+        torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+    )
+}
+DTYPE_NAMES = {d: n for n, d in DTYPES.items()}
+LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
+LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+    "preserve_format": torch.preserve_format,
+}
+MEMORY_FORMAT_NAMES = {v: k for k, v in MEMORY_FORMATS.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported by remote_accel") from None
+
+
+def dtype_from_name(name: Any) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except (KeyError, TypeError):
+        raise ProtocolError(f"unknown dtype {name!r}") from None
+
+
+def encode_value(v: Any, tensor_ref: Callable[[torch.Tensor], Ext]) -> Any:
+    """Python/torch value -> codec value; tensors go through `tensor_ref`."""
+    t = type(v)
+    if t in (int, float, bool, str, complex) or v is None:
+        return v
+    if isinstance(v, torch.Tensor):
+        return tensor_ref(v)
+    if t is list or t is tuple or isinstance(v, torch.Size):
+        return [encode_value(x, tensor_ref) for x in v] if t is list else tuple(encode_value(x, tensor_ref) for x in v)
+    if t is torch.dtype:
+        return Ext(DTYPE, dtype_name(v))
+    if t is torch.device:
+        return Ext(DEVICE, (v.type, -1 if v.index is None else v.index))
+    if t is torch.layout:
+        return Ext(LAYOUT, LAYOUT_NAMES[v])
+    if t is torch.memory_format:
+        return Ext(MEMORY_FORMAT, MEMORY_FORMAT_NAMES[v])
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("symbolic values cannot be sent to the server")
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if t is dict:
+        return {k: encode_value(x, tensor_ref) for k, x in v.items()}
+    raise TypeError(f"cannot send a value of type {t.__name__} to the server")
+
+
+def inline_cpu_tensor(t: torch.Tensor) -> Ext:
+    """A small CPU tensor, by value."""
+    if t.nbytes > MAX_INLINE_BYTES:
+        raise ValueError(f"CPU tensor of {t.nbytes} bytes is too large to pass inline")
+    c = t.detach().resolve_conj().resolve_neg().contiguous()
+    return Ext(CPU_TENSOR, (dtype_name(c.dtype), tuple(c.shape), c.view(-1).view(torch.uint8).numpy().tobytes()
+                            if c.numel() else b""))
+
+
+def decode_cpu_tensor(value: Any) -> torch.Tensor:
+    if type(value) is not tuple or len(value) != 3:
+        raise ProtocolError("malformed inline tensor")
+    dtype = dtype_from_name(value[0])
+    shape = check_shape(value[1])
+    raw = value[2]
+    if type(raw) is not bytes:
+        raise ProtocolError("malformed inline tensor data")
+    numel = 1
+    for s in shape:
+        numel *= s
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(raw) != numel * itemsize:
+        raise ProtocolError(f"inline tensor has {len(raw)} bytes, shape {shape} needs {numel * itemsize}")
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def check_shape(value: Any, name: str = "shape") -> tuple:
+    if type(value) not in (tuple, list) or len(value) > 64 or any(type(s) is not int or s < 0 for s in value):
+        raise ProtocolError(f"malformed {name} {value!r}")
+    return tuple(value)
+
+
+def decode_value(v: Any, resolve: Callable[[int, Any], Any]) -> Any:
+    """codec value -> Python/torch value. `resolve(code, payload)` handles TENSOR,
+    DEVICE, GENERATOR and GRAPH_VALUE (they need the server's state)."""
+    t = type(v)
+    if t is Ext:
+        code, value = v
+        if code == DTYPE:
+            return dtype_from_name(value)
+        if code == LAYOUT:
+            if value not in LAYOUTS:
+                raise ProtocolError(f"unknown layout {value!r}")
+            return LAYOUTS[value]
+        if code == MEMORY_FORMAT:
+            if value not in MEMORY_FORMATS:
+                raise ProtocolError(f"unknown memory format {value!r}")
+            return MEMORY_FORMATS[value]
+        if code == CPU_TENSOR:
+            return decode_cpu_tensor(value)
+        if code in (TENSOR, DEVICE, GENERATOR, GRAPH_VALUE):
+            return resolve(code, value)
+        raise ProtocolError(f"unknown value code {code}")
+    if t is list:
+        return [decode_value(x, resolve) for x in v]
+    if t is tuple:
+        return tuple(decode_value(x, resolve) for x in v)
+    if t is dict:
+        return {k: decode_value(x, resolve) for k, x in v.items()}
+    return v

@@ -1,0 +1,101 @@
+"""The Transport interface: what every link (TCP, DPDK ring/memif/af_packet/NIC) offers.
+
+A transport carries whole messages (see `wire`) between two peers, reliably and in order,
+or fails with an exception. It never delivers a truncated, duplicated or corrupted
+message. Thread-safety: one thread may call `recv` while others call `send`; concurrent
+`send` calls are serialised by the transport; concurrent `recv` calls are not allowed.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from .wire import Header
+
+#: Chooses where payloads land: called with the header, the meta bytes and the payload
+#: lengths once the prologue is in, it returns one writable buffer per payload, each of
+#: exactly that length (a numpy array, a CPU tensor's memory, a hugepage buffer...).
+PayloadSink = Callable[[Header, bytes, list], Sequence]
+
+
+@dataclass
+class Message:
+    type: int
+    meta: bytes = b""
+    payloads: list = field(default_factory=list)
+    req_id: int = 0
+    flags: int = 0
+
+
+class Transport(abc.ABC):
+    """A reliable, ordered, message-oriented link to one peer."""
+
+    #: human-readable peer address, for logs ("tcp:127.0.0.1:40000", "memif:/run/..:0")
+    peer: str = "?"
+
+    @abc.abstractmethod
+    def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
+        """Send one message. Payloads are any buffer-protocol objects (not copied where the
+        link allows it; they must stay unchanged until send returns).
+
+        Raises: MessageTooLarge (limits; nothing was sent), TransportClosed (closed here),
+        PeerGone (the peer closed, died or stopped acknowledging within the timeout).
+        """
+
+    @abc.abstractmethod
+    def recv(self, timeout: Optional[float] = None, sink: Optional[PayloadSink] = None) -> Message:
+        """Receive the next message, waiting at most `timeout` seconds for it to start
+        (None: wait for ever). Payloads land in buffers from `sink`, or in fresh host
+        buffers when no sink is given.
+
+        Raises: TransportTimeout (nothing arrived; the transport stays usable),
+        PeerGone (peer closed or died; also mid-message), TransportClosed (closed here),
+        ProtocolError (the peer sent bytes that are not a valid message; on a byte stream
+        the transport is then unusable and closed).
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the link; idempotent. Blocked calls in other threads fail with TransportClosed."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    def stats(self) -> dict:
+        """Counters since creation: messages/bytes sent and received, drops, retransmits."""
+        return {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Listener(abc.ABC):
+    """Accepts transports from clients (a TCP socket, a DPDK port's peers)."""
+
+    address: str = "?"
+
+    @abc.abstractmethod
+    def accept(self, timeout: Optional[float] = None) -> Transport:
+        """Wait for the next client. Raises TransportTimeout, TransportClosed."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def default_sink(header: Header, meta: bytes, lengths: list) -> list:
+    """Fresh, uninitialised host buffers (numpy avoids zero-filling large payloads)."""
+    import numpy as np
+
+    return [np.empty(n, dtype=np.uint8) for n in lengths]

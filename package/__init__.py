@@ -1,0 +1,23 @@
+"""remote_accel: run PyTorch on accelerators that sit in another machine.
+
+    import remote_accel
+    remote_accel.init(transport="dpdk", port=0)     # or transport="tcp", server="host:port"
+    x = torch.randn(64, 10, device="remote_accel")
+
+Importing this package is cheap and does not touch torch; `init()` loads the device.
+"""
+
+from ._version import __version__
+from .errors import RemoteAccelError
+
+__all__ = ["__version__", "RemoteAccelError", "init", "shutdown"]
+
+
+def __getattr__(name):
+    # The device (torch, the C++ extension) loads only when a client asks for it, so that
+    # the server and the tools import remote_accel.* without it.
+    if name in ("init", "shutdown", "is_initialized"):
+        from . import pytorch_ext
+
+        return getattr(pytorch_ext, name)
+    raise AttributeError(f"module 'remote_accel' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+__version__ = "0.1.0"
+# Bumped whenever the wire format changes incompatibly; peers refuse other versions.
+WIRE_VERSION = 1

@@ -1,0 +1,52 @@
+"""Defaults and environment variables shared by client, server and tools."""
+
+import os
+
+ENV_SERVER = "REMOTE_ACCEL_SERVER"
+ENV_TRANSPORT = "REMOTE_ACCEL_TRANSPORT"
+ENV_TOKEN = "REMOTE_ACCEL_TOKEN"
+ENV_EAL_ARGS = "REMOTE_ACCEL_EAL_ARGS"
+ENV_RUNTIME_DIR = "REMOTE_ACCEL_RUNTIME_DIR"
+
+DEFAULT_TCP_PORT = 18515
+DEFAULT_TCP_SERVER = f"127.0.0.1:{DEFAULT_TCP_PORT}"
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def runtime_dir() -> str:
+    """Folder for the memif socket and the token file, private to this user."""
+    path = os.environ.get(ENV_RUNTIME_DIR)
+    if not path:
+        base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+        path = os.path.join(base, f"remote_accel-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def default_memif_socket() -> str:
+    return os.path.join(runtime_dir(), "memif.sock")
+
+
+def default_token_file() -> str:
+    return os.path.join(runtime_dir(), "token")
+
+
+def parse_host_port(text: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[str, int]:
+    """'host:port', 'host', '[v6]:port' -> (host, port); raises ValueError with the text."""
+    from .errors import ConfigError
+
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ConfigError(f"bad port in server address {text!r}") from None
+    if not host or not 0 < port < 65536:
+        raise ConfigError(f"bad server address {text!r}: expected HOST:PORT")
+    return host, port

@@ -1,0 +1,57 @@
+"""Exceptions raised by remote_accel.
+
+Every exception derives from RemoteAccelError (itself a RuntimeError, like torch's own
+device errors) and also from the matching builtin, so callers can catch either.
+"""
+
+
+class RemoteAccelError(RuntimeError):
+    """Base of every error raised by remote_accel."""
+
+
+class UnavailableError(RemoteAccelError, ImportError):
+    """An optional feature (DPDK, the C++ device extension) is not built or not installed."""
+
+
+class ConfigError(RemoteAccelError, ValueError):
+    """An argument, option or environment variable has an invalid value."""
+
+
+class TransportError(RemoteAccelError, ConnectionError):
+    """The transport cannot carry messages any more."""
+
+
+class TransportClosed(TransportError):
+    """This side closed the transport; no further send or receive is possible."""
+
+
+class PeerGone(TransportError):
+    """The peer closed the connection, died, or stopped answering."""
+
+
+class TransportTimeout(RemoteAccelError, TimeoutError):
+    """Nothing arrived within the allowed time; the transport is still usable."""
+
+
+class ProtocolError(RemoteAccelError, ValueError):
+    """Bytes that do not form a valid message: bad magic, version, checksum or length."""
+
+
+class MessageTooLarge(ProtocolError):
+    """A length field is beyond the configured limits (checked before any allocation)."""
+
+
+class DpdkError(RemoteAccelError, OSError):
+    """A DPDK call failed; errno and the operation are in the message."""
+
+
+class AuthError(RemoteAccelError, PermissionError):
+    """The server refused the client's token."""
+
+
+class RemoteOpError(RemoteAccelError):
+    """An operation failed on the server; the server's traceback is attached as a note."""
+
+
+class RemoteOutOfMemoryError(RemoteAccelError, MemoryError):
+    """The server refused an allocation: its memory limit or the device is full."""
