@@ -50,8 +50,10 @@ def _encode(v: Any, put, depth: int) -> None:
     elif t is int:
         if -_SMALL_BIAS <= v < _SMALL_BIAS:
             put(bytes((_SMALLINT, v + _SMALL_BIAS)))
-        else:
+        elif -(1 << 63) <= v < 1 << 63:
             put(b"\x03" + _Q.pack(v))
+        else:
+            raise OverflowError(f"int {v} does not fit in 64 bits")
     elif t is float:
         put(b"\x04" + _D.pack(v))
     elif t is str:

@@ -47,6 +47,6 @@ def parse_host_port(text: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[st
         port = int(port_text) if port_text else default_port
     except ValueError:
         raise ConfigError(f"bad port in server address {text!r}") from None
-    if not host or not 0 < port < 65536:
+    if not host or not 0 <= port < 65536:
         raise ConfigError(f"bad server address {text!r}: expected HOST:PORT")
     return host, port
