@@ -1,0 +1,191 @@
+"""remote-accel-server [EAL options] -- [options]
+
+Serves remote_accel clients over TCP and/or DPDK, executing their ops on one torch
+device. EAL options (DPDK's own, as in dpdk-testpmd) come before `--`; without `--`
+every argument is a server option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from typing import Optional
+
+from .. import config
+from .._version import __version__
+from ..errors import ConfigError, RemoteAccelError
+
+log = logging.getLogger("remote_accel.server")
+
+_SIZE = re.compile(r"(\d+)\s*([KMGTP]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+TRANSPORTS = ("tcp", "dpdk")
+MAX_PORT_ID = 1023  # RTE_MAX_ETHPORTS in Debian's DPDK 22.11 build
+
+
+def parse_size(text: str) -> int:
+    """'8G', '512MiB', '1048576' -> bytes (binary units)."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: expected BYTES or a number with K, M, G, T")
+    return int(match.group(1)) << _UNITS[match.group(2).upper()]
+
+
+def parse_transports(text: str) -> tuple:
+    names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
+    if not names or any(n not in TRANSPORTS for n in names):
+        raise argparse.ArgumentTypeError(f"bad transport {text!r}: expected tcp, dpdk or tcp,dpdk")
+    return names
+
+
+def parse_listen(text: str) -> tuple:
+    """HOST:PORT, where port 0 picks a free port (config.parse_host_port refuses 0)."""
+    host, sep, port = text.rpartition(":")
+    try:
+        if sep and port == "0" and not host.endswith(":"):
+            return config.parse_host_port(host)[0], 0
+        return config.parse_host_port(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_range(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is outside {lo}..{hi}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0.1..86400 seconds")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .service import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_MAX_CLIENTS
+
+    p = argparse.ArgumentParser(
+        prog="remote-accel-server", usage="remote-accel-server [EAL options] -- [options]",
+        description="Execute remote_accel clients' PyTorch ops on this host's device.",
+        epilog="With --transport dpdk and no EAL options, the server is a local memif server on "
+               f"{config.default_memif_socket()}, which `remote_accel.init(transport=\"dpdk\", port=0)` "
+               "on this host finds by itself.")
+    p.add_argument("--transport", type=parse_transports, default=("tcp",), metavar="tcp|dpdk|tcp,dpdk",
+                   help="which clients to serve; tcp,dpdk serves both at once (default: tcp)")
+    p.add_argument("--listen", type=parse_listen, default=parse_listen(config.DEFAULT_TCP_SERVER),
+                   metavar="HOST:PORT", help="TCP address, port 0..65535, 0 picks a free one "
+                                             f"(default: {config.DEFAULT_TCP_SERVER})")
+    p.add_argument("--port", type=_int_range(0, MAX_PORT_ID), default=0, metavar="N",
+                   help=f"DPDK port id the EAL options created, 0..{MAX_PORT_ID} (default: 0)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]|mps|xpu[:N]",
+                   help="torch device to execute on; auto picks cuda, then xpu, then mps, else cpu (default: auto)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="file holding the shared token, created (mode 0600) if absent "
+                        f"(default: {config.default_token_file()})")
+    p.add_argument("--memory-limit", type=parse_size, default=0, metavar="BYTES",
+                   help="bytes each client may hold on the device, suffixes K, M, G, T (binary) accepted; "
+                        "0: no limit but the device's own memory (default: 0)")
+    p.add_argument("--max-clients", type=_int_range(1, 4096), default=DEFAULT_MAX_CLIENTS, metavar="N",
+                   help=f"clients served at once, 1..4096 (default: {DEFAULT_MAX_CLIENTS})")
+    p.add_argument("--heartbeat-timeout", type=_seconds, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
+                   help="a client that sends nothing for this long is dropped and its memory freed, "
+                        f"0.1..86400 (default: {DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="(default: info)")
+    p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
+    return p
+
+
+def split_eal(argv: list) -> tuple[list, list]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return [], argv
+
+
+def open_listeners(args, eal: list) -> list:
+    listeners = []
+    if "dpdk" in args.transport:
+        listeners.append(_dpdk_listener(args.port, eal))
+    elif eal:
+        log.warning("EAL options ignored: DPDK is not among the transports (%s)", ",".join(args.transport))
+    if "tcp" in args.transport:
+        from ..dataplane.tcp import TcpListener
+
+        host, port = args.listen
+        try:
+            listeners.append(TcpListener(host, port))
+        except OSError as exc:
+            for listener in listeners:
+                listener.close()
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return listeners
+
+
+def _dpdk_listener(port: int, eal: list):
+    from ..errors import UnavailableError
+
+    try:
+        from ..dataplane import connect
+    except ImportError:
+        raise UnavailableError("the DPDK transport is not part of this build (remote_accel.dataplane.connect "
+                               "is missing); use --transport tcp") from None
+    return connect.listen(transport="dpdk", port=port, eal_args=eal or None)
+
+
+def main(argv: Optional[list] = None) -> int:
+    eal, options = split_eal(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser().parse_args(options)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # torch loads only now, so that --help and bad options answer at once.
+    from . import auth
+    from .device import ComputeDevice, parse_device
+    from .service import Server
+
+    token_file = args.token_file or config.default_token_file()
+    try:
+        device = ComputeDevice(parse_device(args.device))
+        token = auth.load_or_create(token_file)
+        listeners = open_listeners(args, eal)
+    except RemoteAccelError as exc:
+        print(f"remote-accel-server: {exc}", file=sys.stderr)
+        return 2
+    server = Server(device, token, memory_limit=args.memory_limit, max_clients=args.max_clients,
+                    heartbeat_timeout=args.heartbeat_timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
+             "at most %d clients", __version__, device.name, server.session_limit, token_file, args.max_clients)
+    for listener in listeners:
+        server.serve(listener)
+        try:
+            print(f"listening on {listener.address}", flush=True)
+        except BrokenPipeError:
+            pass
+    while not stop.wait(1.0):
+        pass
+    log.info("shutting down")
+    server.shutdown()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Running ops for one session: decode arguments, call the kernel, place the results.
+
+Results are the op's returns in order, with `Tensor[]` returns expanded in place (so
+`split` gives one result per piece and `max.dim` two). `RunOp.outs[i]` names where
+result i goes:
+
+- a TENSOR reference whose storage exists: the result is copied into that view;
+- a TENSOR reference to a new storage id: the result's own storage is kept under it when
+  its layout is exactly the promised one (the usual case, no copy), otherwise a storage
+  of the promised layout is allocated and the result copied in (meta and the real kernel
+  disagree on strides for a few ops);
+- None: nothing to keep (in-place ops and views, whose results alias an input).
+
+With `reply` set, outs are plain storage ids and results are kept as they come; the
+client learns their layout from the RunReply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ..dataplane import torch_values
+from ..dataplane.codec import Ext
+from ..dataplane.messages import RunGraph, RunOp
+from ..errors import ProtocolError
+from . import ops
+from .device import ComputeDevice
+from .failure import BAD_HANDLE, OP, Failure
+from .rng import Generators
+from .storage import StorageTable, TensorRef, parse_ref, span_bytes
+
+MAX_GRAPHS = 256
+MAX_GRAPH_NODES = 1 << 17
+_MAX_FAILED = 1 << 16
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+
+
+def flatten(result: Any) -> list:
+    if isinstance(result, (tuple, list)):
+        flat = []
+        for item in result:
+            if isinstance(item, (tuple, list)):
+                flat.extend(item)
+            else:
+                flat.append(item)
+        return flat
+    return [result]
+
+
+def _no_tensor(t):
+    raise TypeError("a nested tensor result cannot be returned by value")
+
+
+class Executor:
+    def __init__(self, device: ComputeDevice, table: StorageTable, generators: Generators):
+        self.device = device
+        self.table = table
+        self.generators = generators
+        self.ops_done = 0
+        self._graphs: dict[int, tuple[tuple, tuple]] = {}
+        # storages whose producing op failed: later uses fail with a message that says why
+        self._failed: set[int] = set()
+
+    # -- arguments ----------------------------------------------------------------------------
+    def decode(self, value: Any, touched: list, graph_values: Optional[list] = None) -> Any:
+        def resolve(code: int, payload: Any) -> Any:
+            if code == torch_values.TENSOR:
+                ref = parse_ref(payload)
+                touched.append(ref.sid)
+                return self._tensor(ref)
+            if code == torch_values.GENERATOR:
+                return self.generators.resolve(payload)
+            if code == torch_values.DEVICE:
+                return self._device(payload)
+            if graph_values is None:
+                raise ProtocolError("graph value outside a graph")
+            return _graph_value(graph_values, payload)
+
+        return torch_values.decode_value(value, resolve)
+
+    def _tensor(self, ref: TensorRef) -> torch.Tensor:
+        if ref.sid in self._failed and ref.sid not in self.table:
+            raise Failure(BAD_HANDLE, f"storage {ref.sid} does not exist: the op that made it failed")
+        return self.table.tensor(ref)
+
+    def _device(self, payload: Any) -> torch.device:
+        if type(payload) is not tuple or len(payload) != 2 or type(payload[0]) is not str:
+            raise ProtocolError("malformed device")
+        kind = payload[0]
+        if kind == "remote_accel":
+            return self.device.device
+        if kind == "cpu":
+            return _CPU
+        if kind == "meta":
+            return _META
+        raise ProtocolError(f"device type {kind[:40]!r} is not served here")
+
+    # -- ops ------------------------------------------------------------------------------------
+    def run_op(self, msg: RunOp) -> Optional[list]:
+        """Execute one RunOp; returns the RunReply results when msg.reply is set."""
+        touched: list = []
+        try:
+            resolved = ops.resolve(msg.op)
+            args = self.decode(msg.args, touched)
+            kwargs = self.decode(msg.kwargs, touched)
+            if msg.reply:
+                self._check_reply_outs(msg.outs)
+            else:
+                refs = self._plan_outs(msg.outs)
+            flat = flatten(self._call(resolved, args, kwargs))
+            self.ops_done += 1
+            if msg.reply:
+                return self._keep(flat, msg.outs)
+            self._bind(flat, refs, touched)
+            return None
+        except BaseException:
+            self.mark_failed(msg.outs)
+            raise
+        finally:
+            self.table.resync(touched)
+
+    def _call(self, resolved: ops.Resolved, args: Any, kwargs: Any) -> Any:
+        if type(args) is not tuple:
+            args = tuple(args) if type(args) is list else (args,)
+        if type(kwargs) is not dict:
+            raise ProtocolError("op keyword arguments are not a dict")
+        index = resolved.generator_index
+        if index is not None:
+            # The session's own default, not the device's, which every session shares.
+            if len(args) > index:
+                if args[index] is None:
+                    args = args[:index] + (self.generators.default,) + args[index + 1:]
+            elif kwargs.get("generator") is None:
+                kwargs["generator"] = self.generators.default
+        elif resolved.seeded:
+            with self.generators.as_device_default():
+                return resolved.fn(*args, **kwargs)
+        return resolved.fn(*args, **kwargs)
+
+    def _check_reply_outs(self, outs: tuple) -> None:
+        for sid in outs:
+            if sid is not None and type(sid) is not int:
+                raise ProtocolError("RunOp(reply=True) outs must be storage ids")
+            if sid in self.table:
+                raise Failure(BAD_HANDLE, f"storage {sid} already exists")
+
+    def _plan_outs(self, outs: tuple) -> list:
+        """Parse the promised layouts and refuse, before running, outputs over the limit."""
+        refs, need = [], 0
+        for out in outs:
+            if out is None:
+                refs.append(None)
+                continue
+            if type(out) is not Ext or out.code != torch_values.TENSOR:
+                raise ProtocolError("RunOp outs must be tensor references or None")
+            ref = parse_ref(out.value)
+            if ref.sid not in self.table:
+                need += span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+            refs.append(ref)
+        self.table.check_fits(need)
+        return refs
+
+    def _bind(self, flat: list, refs: list, touched: list) -> None:
+        if len(refs) > len(flat):
+            raise Failure(OP, f"the op returned {len(flat)} results, the client expects {len(refs)}")
+        inputs = {self.table.storage(s).data_ptr() for s in touched if s in self.table}
+        adopted: set[int] = set()
+        for i, (ref, value) in enumerate(zip(refs, flat)):
+            if ref is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise Failure(OP, f"result {i} is {type(value).__name__}, the client expects a tensor")
+            if tuple(value.shape) != ref.shape:
+                raise Failure(OP, f"result {i} has shape {tuple(value.shape)}, the client expects {ref.shape}")
+            if ref.sid in self.table:
+                dest = self.table.tensor(ref)
+                if not _same_view(dest, value):
+                    dest.copy_(value)
+                continue
+            storage = value.untyped_storage()
+            ptr = storage.data_ptr()
+            if (_has_layout(value, ref, self.device.device) and ptr not in adopted and ptr not in inputs
+                    and storage.nbytes() == span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+                    and storage.nbytes() > 0):
+                adopted.add(ptr)
+                self.table.adopt(ref.sid, storage)
+            else:
+                self.table.alloc(ref.sid, span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize))
+                self.table.tensor(ref).copy_(value)
+
+    def _keep(self, flat: list, outs: tuple) -> list:
+        results = []
+        for i, value in enumerate(flat):
+            sid = outs[i] if i < len(outs) else None
+            if not isinstance(value, torch.Tensor):
+                results.append(torch_values.encode_value(value, _no_tensor))
+                continue
+            value = value.resolve_conj().resolve_neg()
+            if value.device != self.device.device:
+                value = value.to(self.device.device)
+            storage = value.untyped_storage()
+            if sid is not None:
+                self.table.check_fits(storage.nbytes())
+                self.table.adopt(sid, storage)
+            results.append((storage.nbytes(), torch_values.dtype_name(value.dtype), tuple(value.shape),
+                            tuple(value.stride()), value.storage_offset()))
+        return results
+
+    def mark_failed(self, outs: Any) -> None:
+        if len(self._failed) > _MAX_FAILED:
+            self._failed.clear()
+        for out in outs if type(outs) is tuple else ():
+            if type(out) is int:
+                self._failed.add(out)
+            elif type(out) is Ext and type(out.value) is tuple and out.value and type(out.value[0]) is int:
+                self._failed.add(out.value[0])
+
+    def forget(self, sid: int) -> None:
+        self._failed.discard(sid)
+
+    # -- graphs -----------------------------------------------------------------------------------
+    def run_graph(self, msg: RunGraph) -> None:
+        """Run a captured graph. Values are numbered inputs first, then one per node, so
+        Ext(GRAPH_VALUE, i) is value i and Ext(GRAPH_VALUE, (i, j)) element j of value i.
+        A graph sent once with its nodes may be run again by id with `nodes` empty."""
+        touched: list = []
+        try:
+            nodes, outputs = self._graph(msg)
+            values = [self.decode(v, touched) for v in msg.inputs]
+            refs = self._plan_outs(msg.outs)
+            for k, node in enumerate(nodes):
+                resolved = ops.resolve(node[0])
+                args = self.decode(node[1], touched, values)
+                kwargs = self.decode(node[2], touched, values)
+                try:
+                    values.append(self._call(resolved, args, kwargs))
+                except Exception as exc:
+                    exc.add_note(f"in node {k} ({node[0]}) of graph {msg.graph_id}")
+                    raise
+                self.ops_done += 1
+            self._bind(flatten([self.decode(o, touched, values) for o in outputs]), refs, touched)
+        except BaseException:
+            self.mark_failed(msg.outs)
+            raise
+        finally:
+            self.table.resync(touched)
+
+    def _graph(self, msg: RunGraph) -> tuple[tuple, tuple]:
+        if not msg.nodes:
+            cached = self._graphs.get(msg.graph_id)
+            if cached is None:
+                raise Failure(BAD_HANDLE, f"graph {msg.graph_id} was never sent")
+            return cached[0], msg.outputs or cached[1]
+        if len(msg.nodes) > MAX_GRAPH_NODES:
+            raise ProtocolError(f"a graph may hold at most {MAX_GRAPH_NODES} nodes")
+        for node in msg.nodes:
+            if (type(node) is not tuple or len(node) != 3 or type(node[0]) is not str
+                    or type(node[1]) not in (tuple, list) or type(node[2]) is not dict):
+                raise ProtocolError("graph nodes must be (op, args, kwargs)")
+        if msg.graph_id not in self._graphs and len(self._graphs) >= MAX_GRAPHS:
+            del self._graphs[next(iter(self._graphs))]  # the oldest
+        self._graphs[msg.graph_id] = (msg.nodes, msg.outputs)
+        return msg.nodes, msg.outputs
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._failed.clear()
+
+
+def _graph_value(values: list, payload: Any) -> Any:
+    if type(payload) is int and 0 <= payload < len(values):
+        return values[payload]
+    if (type(payload) is tuple and len(payload) == 2 and all(type(p) is int for p in payload)
+            and 0 <= payload[0] < len(values)):
+        value = values[payload[0]]
+        if isinstance(value, (tuple, list)) and 0 <= payload[1] < len(value):
+            return value[payload[1]]
+    raise ProtocolError(f"graph value {payload!r} does not name an earlier value")
+
+
+def _has_layout(t: torch.Tensor, ref: TensorRef, device: torch.device) -> bool:
+    return (t.device == device and t.dtype == ref.dtype and tuple(t.stride()) == ref.stride
+            and t.storage_offset() == ref.offset and not ref.flags and not t.is_conj() and not t.is_neg())
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.dtype == b.dtype
+            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+            and a.is_conj() == b.is_conj() and a.is_neg() == b.is_neg())

@@ -1,0 +1,50 @@
+"""Structured failures: what a request did wrong, as the `kind` an ErrorReply carries."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ProtocolError
+
+# The kinds a client may see (messages.ErrorReply.kind).
+OP = "op"
+OOM = "oom"
+AUTH = "auth"
+PROTOCOL = "protocol"
+UNKNOWN_OP = "unknown_op"
+BAD_HANDLE = "bad_handle"
+BUSY = "busy"
+
+
+class Failure(Exception):
+    """A request the server refuses, with the ErrorReply kind to report it under."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def bad_handle(message: str) -> Failure:
+    return Failure(BAD_HANDLE, message)
+
+
+def oom(message: str) -> Failure:
+    return Failure(OOM, message)
+
+
+# The CPU allocator reports exhaustion as a plain RuntimeError (c10::Error), not as
+# torch.OutOfMemoryError; these fragments of its message identify it.
+_CPU_OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def classify(exc: BaseException) -> str:
+    """The ErrorReply kind for an exception raised while serving a request."""
+    if isinstance(exc, Failure):
+        return exc.kind
+    if isinstance(exc, ProtocolError):
+        return PROTOCOL
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return OOM
+    if isinstance(exc, RuntimeError) and any(t in str(exc) for t in _CPU_OOM_TEXT):
+        return OOM
+    return OP

@@ -1,0 +1,144 @@
+"""The server: listeners, one accept thread per listener, one thread per session.
+
+Listeners are pluggable (`dataplane.transport.Listener`): TCP and DPDK clients are
+served side by side by the same sessions. A session's thread owns everything of that
+session; the server only counts sessions and sums their figures for STATS.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..dataplane.transport import Listener, Transport
+from ..errors import TransportClosed, TransportTimeout
+from .device import ComputeDevice
+from .session import HELLO_TIMEOUT_S, Session
+
+log = logging.getLogger(__name__)
+
+#: How often accept threads look at the stop flag.
+ACCEPT_POLL_S = 0.5
+#: Connections still in their handshake, beyond max_clients, before new ones are dropped.
+MAX_HANDSHAKING = 32
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+DEFAULT_MAX_CLIENTS = 64
+
+
+class Server:
+    def __init__(self, device: ComputeDevice, token: str, *, memory_limit: int = 0,
+                 max_clients: int = DEFAULT_MAX_CLIENTS, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S):
+        self.device = device
+        self.token = token
+        self.memory_limit = memory_limit  # as configured; 0: none but the device's
+        self.session_limit = memory_limit or device.total_memory()
+        self.max_clients = max_clients
+        self.heartbeat_timeout = heartbeat_timeout
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._live: set[Session] = set()  # every connection, handshaking or admitted
+        self._admitted: set[Session] = set()
+        self._threads: set[threading.Thread] = set()
+        self._listeners: list[Listener] = []
+        self._next_number = 1
+        self._ended_ops = 0
+        self._ended_sessions = 0
+
+    # -- listeners ----------------------------------------------------------------------------
+    def serve(self, listener: Listener) -> None:
+        """Start accepting clients from `listener` in a thread of its own."""
+        self._listeners.append(listener)
+        self._start(self._accept_loop, f"accept {listener.address}", listener)
+
+    def _accept_loop(self, listener: Listener) -> None:
+        while not self.stopping:
+            try:
+                transport = listener.accept(timeout=ACCEPT_POLL_S)
+            except TransportTimeout:
+                continue
+            except TransportClosed:
+                break
+            except Exception:  # one bad connection attempt must not stop the listener
+                log.exception("accept on %s failed", listener.address)
+                time.sleep(ACCEPT_POLL_S)
+                continue
+            self._open(transport)
+
+    def _open(self, transport: Transport) -> None:
+        with self._lock:
+            if self.stopping or len(self._live) >= self.max_clients + MAX_HANDSHAKING:
+                full = True
+            else:
+                full = False
+                session = Session(self, transport, self._next_number)
+                self._next_number += 1
+                self._live.add(session)
+        if full:
+            log.warning("dropping connection from %s: too many connections", transport.peer)
+            transport.close()
+            return
+        self._start(session.serve, f"session {session.number}")
+
+    def _start(self, target, name: str, *args) -> None:
+        thread = threading.Thread(target=self._run_thread, args=(target, args), name=name, daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def _run_thread(self, target, args) -> None:
+        try:
+            target(*args)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    # -- sessions -------------------------------------------------------------------------------
+    def admit(self, session: Session) -> bool:
+        """Count an authenticated session; False when max_clients are already served."""
+        with self._lock:
+            if len(self._admitted) >= self.max_clients or self.stopping:
+                return False
+            self._admitted.add(session)
+            return True
+
+    def remove(self, session: Session, admitted: bool) -> None:
+        with self._lock:
+            self._live.discard(session)
+            if admitted:
+                self._admitted.discard(session)
+                self._ended_sessions += 1
+                self._ended_ops += session.ops_done
+
+    def stats(self) -> dict:
+        """Server-wide figures (every session), added to each session's STATS reply."""
+        with self._lock:
+            sessions = list(self._admitted)
+            ended_sessions, ended_ops = self._ended_sessions, self._ended_ops
+        return {
+            "server_sessions": len(sessions),
+            "server_sessions_ended": ended_sessions,
+            "server_storages": sum(len(s.table) for s in sessions),
+            "server_memory_allocated": sum(s.table.used for s in sessions),
+            "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
+            "max_clients": self.max_clients,
+        }
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = HELLO_TIMEOUT_S) -> None:
+        """Stop accepting, close every client's transport, and wait for the threads."""
+        self.stopping = True
+        for listener in self._listeners:
+            listener.close()
+        with self._lock:
+            live = list(self._live)
+        for session in live:
+            session.transport.close()  # wakes the session thread out of recv
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threads if t.is_alive()]
+        if left:
+            log.warning("still busy at shutdown: %s", ", ".join(left))

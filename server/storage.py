@@ -1,0 +1,167 @@
+"""One session's storage table: client storage ids -> device storages, with accounting.
+
+Tensors never live in the table, only untyped storages. Every tensor an op sees is
+rebuilt from a reference (sid, dtype, shape, stride, storage_offset, conj/neg flags) over
+its storage, so two references into one storage alias exactly as they do on the client.
+A reference is checked against its storage's size first: `Tensor.set_` would otherwise
+silently grow the storage to fit whatever a peer asks for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, NamedTuple
+
+import torch
+
+from ..dataplane import torch_values
+from ..errors import ProtocolError
+from .device import ComputeDevice
+from .failure import bad_handle, oom
+
+#: Larger views are refused: no real tensor has 2**50 elements, and huge expanded views
+#: would only keep a kernel busy.
+MAX_NUMEL = 1 << 50
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class TensorRef(NamedTuple):
+    sid: int
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+    offset: int
+    flags: int
+
+
+def parse_ref(value: Any) -> TensorRef:
+    """The payload of a torch_values.TENSOR value, type-checked; ProtocolError otherwise."""
+    if type(value) is not tuple or len(value) != 6:
+        raise ProtocolError("malformed tensor reference")
+    sid, dtype, shape, stride, offset, flags = value
+    if type(sid) is not int or type(offset) is not int or offset < 0 or type(flags) is not int:
+        raise ProtocolError("malformed tensor reference")
+    if flags & ~(torch_values.FLAG_CONJ | torch_values.FLAG_NEG):
+        raise ProtocolError(f"unknown tensor flags {flags:#x}")
+    shape = torch_values.check_shape(shape)
+    stride = torch_values.check_shape(stride, "stride")
+    if len(stride) != len(shape):
+        raise ProtocolError(f"stride {stride} does not match shape {shape}")
+    return TensorRef(sid, torch_values.dtype_from_name(dtype), shape, stride, offset, flags)
+
+
+def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsize: int) -> int:
+    """Bytes of storage a view needs, counted from the storage's start."""
+    extent = 1
+    numel = 1
+    for size, step in zip(shape, stride):
+        numel *= size
+        extent += (size - 1) * step
+    if numel == 0:
+        return offset * itemsize
+    if numel > MAX_NUMEL:
+        raise ProtocolError(f"a view of {numel} elements is too large")
+    return (offset + extent) * itemsize
+
+
+class StorageTable:
+    def __init__(self, device: ComputeDevice, limit: int):
+        self.device = device
+        self.limit = limit  # bytes this session may hold
+        self.used = 0
+        self.peak = 0
+        self._storages: dict[int, torch.UntypedStorage] = {}
+        self._sizes: dict[int, int] = {}  # bytes accounted per sid
+
+    def __len__(self) -> int:
+        return len(self._storages)
+
+    def __contains__(self, sid: int) -> bool:
+        return sid in self._storages
+
+    # -- accounting --------------------------------------------------------------------------
+    def check_fits(self, nbytes: int) -> None:
+        """Refuse, before touching the device, what would take the session over its limit."""
+        if nbytes > self.limit - self.used:
+            raise oom(f"allocating {nbytes} bytes would exceed this session's memory limit "
+                      f"({self.used} of {self.limit} bytes in use)")
+
+    def _account(self, sid: int, nbytes: int) -> None:
+        self.used += nbytes - self._sizes.get(sid, 0)
+        self._sizes[sid] = nbytes
+        self.peak = max(self.peak, self.used)
+
+    def resync(self, sids: Iterable[int]) -> None:
+        """Re-count storages an op may have resized (resize_, set_, out= with a wrong size)."""
+        for sid in sids:
+            storage = self._storages.get(sid)
+            if storage is not None and storage.nbytes() != self._sizes[sid]:
+                self._account(sid, storage.nbytes())
+
+    # -- entries -------------------------------------------------------------------------------
+    def _check_new(self, sid: Any) -> None:
+        if type(sid) is not int or not _INT64[0] <= sid <= _INT64[1]:
+            raise ProtocolError(f"storage id {sid!r} is not a 64-bit integer")
+        if sid in self._storages:
+            raise bad_handle(f"storage {sid} already exists")
+
+    def alloc(self, sid: int, nbytes: int) -> None:
+        self._check_new(sid)
+        if type(nbytes) is not int or nbytes < 0:
+            raise ProtocolError(f"bad allocation size {nbytes!r}")
+        self.check_fits(nbytes)
+        storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device.device).untyped_storage()
+        self._storages[sid] = storage
+        self._account(sid, nbytes)
+
+    def adopt(self, sid: int, storage: torch.UntypedStorage) -> None:
+        """Keep an op's result storage under `sid` (already counted against the limit)."""
+        self._check_new(sid)
+        self._storages[sid] = storage
+        self._account(sid, storage.nbytes())
+
+    def free(self, sid: int) -> bool:
+        storage = self._storages.pop(sid, None)
+        if storage is None:
+            return False
+        self.used -= self._sizes.pop(sid)
+        return True
+
+    def clear(self) -> tuple[int, int]:
+        """Drop everything; returns (storages, bytes) released."""
+        count, nbytes = len(self._storages), self.used
+        self._storages.clear()
+        self._sizes.clear()
+        self.used = 0
+        return count, nbytes
+
+    def storage(self, sid: Any) -> torch.UntypedStorage:
+        try:
+            return self._storages[sid]
+        except (KeyError, TypeError):
+            raise bad_handle(f"unknown storage {sid!r}") from None
+
+    # -- views ------------------------------------------------------------------------------------
+    def tensor(self, ref: TensorRef) -> torch.Tensor:
+        storage = self.storage(ref.sid)
+        need = span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+        if need > storage.nbytes():
+            raise bad_handle(f"view {tuple(ref.shape)}/{tuple(ref.stride)}+{ref.offset} of {ref.dtype} "
+                             f"needs {need} bytes, storage {ref.sid} has {storage.nbytes()}")
+        t = torch.empty(0, dtype=ref.dtype, device=storage.device)
+        t.set_(storage, ref.offset, ref.shape, ref.stride)
+        if ref.flags & torch_values.FLAG_CONJ:
+            t = t.conj()
+        if ref.flags & torch_values.FLAG_NEG:
+            t = torch._neg_view(t)
+        return t
+
+    def byte_range(self, sid: Any, offset: Any, nbytes: Any) -> torch.Tensor:
+        """Bytes [offset, offset + nbytes) of a storage, as a uint8 tensor sharing its memory."""
+        storage = self.storage(sid)
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise ProtocolError(f"bad byte range {offset!r}+{nbytes!r}")
+        if offset + nbytes > storage.nbytes():
+            raise bad_handle(f"bytes {offset}..{offset + nbytes} are outside storage {sid} "
+                             f"of {storage.nbytes()} bytes")
+        t = torch.empty(0, dtype=torch.uint8, device=storage.device)
+        return t.set_(storage, offset, (nbytes,), (1,))

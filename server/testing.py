@@ -1,0 +1,271 @@
+"""Test helpers: a real server in a subprocess, and a protocol-level client for it.
+
+The client speaks the wire protocol directly (no remote_accel device), so server tests
+stay independent of the client device code; tools and end-to-end tests may use it too.
+
+    with ServerProcess() as server, Client.tcp(*server.tcp, token=server.token) as c:
+        x = c.upload(torch.randn(3))
+        y = c.empty((3,), torch.float32)
+        c.run("aten::add.Tensor", x, x, outs=(y,))
+        print(c.download(y))
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from .._version import WIRE_VERSION
+from ..dataplane import messages as m
+from ..dataplane import torch_values
+from ..dataplane.codec import Ext
+from ..dataplane.tcp import TcpTransport
+from ..dataplane.transport import Transport
+from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError
+
+_LISTENING = re.compile(r"listening on (\S+)")
+
+
+class ServerProcess:
+    """`python -m remote_accel.server` on 127.0.0.1 with a free port and a private token."""
+
+    def __init__(self, *options: str, device: str = "cpu", eal: tuple = (), token: str = "test-token",
+                 start_timeout: float = 60.0, env: Optional[dict] = None):
+        self._dir = tempfile.TemporaryDirectory(prefix="ra-server-")
+        self.token = token
+        self.token_file = os.path.join(self._dir.name, "token")
+        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(token)
+        self.log_file = os.path.join(self._dir.name, "server.log")
+        self.args = [sys.executable, "-m", "remote_accel.server", *eal, "--", "--listen", "127.0.0.1:0",
+                     "--device", device, "--token-file", self.token_file, *options]
+        self.addresses: list[str] = []
+        self._start_timeout = start_timeout
+        self._env = dict(os.environ, **(env or {}))
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "ServerProcess":
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, env=self._env)
+        deadline = time.monotonic() + self._start_timeout
+        pending = b""
+        expected = 2 if "tcp,dpdk" in self.args else 1
+        while len(self.addresses) < expected:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                self.kill()
+                raise RuntimeError(f"server did not start (rc {self.proc.returncode}):\n{self.log()}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                pending += os.read(self.proc.stdout.fileno(), 4096)
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    match = _LISTENING.search(line.decode(errors="replace"))
+                    if match:
+                        self.addresses.append(match.group(1))
+        return self
+
+    @property
+    def tcp(self) -> tuple[str, int]:
+        for address in self.addresses:
+            if address.startswith("tcp:"):
+                host, _, port = address[4:].rpartition(":")
+                return host, int(port)
+        raise LookupError("the server has no TCP listener")
+
+    def log(self) -> str:
+        with open(self.log_file, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout: float = 20.0) -> Optional[int]:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc.stdout.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+
+class Ref(NamedTuple):
+    """A tensor on the server: a view of storage `sid`."""
+
+    sid: int
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+    offset: int = 0
+    flags: int = 0
+
+    @property
+    def ext(self) -> Ext:
+        return Ext(torch_values.TENSOR, (self.sid, torch_values.dtype_name(self.dtype), tuple(self.shape),
+                                         tuple(self.stride), self.offset, self.flags))
+
+    def view(self, shape, stride=None, offset: int = 0) -> "Ref":
+        return self._replace(shape=tuple(shape), stride=tuple(stride or contiguous_stride(shape)), offset=offset)
+
+
+def contiguous_stride(shape) -> tuple:
+    stride, acc = [], 1
+    for size in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def encode_arg(v: Any) -> Any:
+    """Refs as TENSOR values, CPU tensors inline, torch enums and scalars as torch_values does."""
+    if isinstance(v, Ref):
+        return v.ext
+    if type(v) is Ext:
+        return v
+    if type(v) in (list, tuple):
+        return type(v)(encode_arg(x) for x in v)
+    if type(v) is dict:
+        return {k: encode_arg(x) for k, x in v.items()}
+    if isinstance(v, torch.Tensor):
+        return torch_values.inline_cpu_tensor(v)
+    return torch_values.encode_value(v, torch_values.inline_cpu_tensor)
+
+
+def error_from(reply: m.ErrorReply) -> Exception:
+    cls = {"oom": RemoteOutOfMemoryError, "auth": AuthError, "protocol": ProtocolError}.get(reply.kind, RemoteOpError)
+    exc = cls(f"[{reply.kind}] {reply.message}")
+    exc.kind = reply.kind
+    if reply.trace:
+        exc.add_note("server traceback:\n" + reply.trace)
+    return exc
+
+
+class Client:
+    def __init__(self, transport: Transport, token: Optional[str] = None, *, timeout: float = 30.0):
+        self.transport = transport
+        self.timeout = timeout
+        self._req = itertools.count(1)
+        self._sid = itertools.count(1)
+        self.welcome: Optional[m.Welcome] = None
+        if token is not None:
+            self.welcome = self.request(m.Hello(token, f"testing {os.getpid()}", WIRE_VERSION))[0]
+
+    @classmethod
+    def tcp(cls, host: str, port: int, token: Optional[str] = None, **kwargs) -> "Client":
+        return cls(TcpTransport.connect(host, port), token, **kwargs)
+
+    # -- messages -------------------------------------------------------------------------
+    def send(self, msg, payloads=()) -> int:
+        req_id = next(self._req)
+        self.transport.send(msg.TYPE, m.encode(msg), payloads, req_id=req_id)
+        return req_id
+
+    def recv(self, timeout: Optional[float] = None) -> tuple[Any, list]:
+        msg = self.transport.recv(timeout=self.timeout if timeout is None else timeout)
+        return m.decode(msg.type, msg.meta), msg.payloads
+
+    def request(self, msg, payloads=(), timeout: Optional[float] = None) -> tuple[Any, list]:
+        """Send and wait for the answer; an ErrorReply raises (kind in `.kind`)."""
+        self.send(msg, payloads)
+        reply, data = self.recv(timeout)
+        if type(reply) is m.ErrorReply:
+            raise error_from(reply)
+        return reply, data
+
+    # -- storage --------------------------------------------------------------------------------
+    def new_sid(self) -> int:
+        return next(self._sid)
+
+    def alloc(self, nbytes: int, sid: Optional[int] = None) -> int:
+        sid = self.new_sid() if sid is None else sid
+        self.send(m.AllocStorage(sid, nbytes))
+        return sid
+
+    def write(self, sid: int, data, offset: int = 0) -> None:
+        view = memoryview(data).cast("B")
+        self.send(m.WriteStorage(sid, offset, view.nbytes), (view,))
+
+    def read(self, sid: int, nbytes: int, offset: int = 0) -> bytes:
+        reply, data = self.request(m.ReadStorage(sid, offset, nbytes))
+        return bytes(data[0])
+
+    def free(self, *sids: int) -> None:
+        self.send(m.FreeStorage(tuple(sids)))
+
+    def upload(self, t: torch.Tensor) -> Ref:
+        c = t.detach().contiguous()
+        sid = self.alloc(c.nbytes)
+        if c.nbytes:
+            self.write(sid, c.view(-1).view(torch.uint8).numpy())
+        return Ref(sid, c.dtype, tuple(c.shape), contiguous_stride(c.shape))
+
+    def empty(self, shape, dtype: torch.dtype = torch.float32, stride=None) -> Ref:
+        """A reference to a storage id that does not exist yet: for outs of an op."""
+        return Ref(self.new_sid(), dtype, tuple(shape), tuple(stride or contiguous_stride(shape)))
+
+    def download(self, ref: Ref) -> torch.Tensor:
+        from .storage import span_bytes
+
+        nbytes = span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+        raw = bytearray(self.read(ref.sid, nbytes)) or bytearray(1)
+        flat = torch.frombuffer(raw, dtype=torch.uint8)[:nbytes].view(ref.dtype)
+        return flat.as_strided(ref.shape, ref.stride, ref.offset).clone()
+
+    # -- compute ----------------------------------------------------------------------------------
+    def run(self, op: str, *args, outs=(), **kwargs) -> None:
+        self.send(m.RunOp(op, encode_arg(args), encode_arg(kwargs), encode_arg(tuple(outs)), False))
+
+    def run_reply(self, op: str, *args, outs=(), **kwargs) -> tuple:
+        reply, _ = self.request(m.RunOp(op, encode_arg(args), encode_arg(kwargs), tuple(outs), True))
+        return reply.results
+
+    def batch(self, *requests, payloads=()) -> None:
+        self.send(m.Batch(tuple(m.batch_item(r) for r in requests)), payloads)
+
+    def sync(self) -> int:
+        return self.request(m.Sync())[0].ops_done
+
+    def stats(self) -> dict:
+        return self.request(m.Stats())[0].values
+
+    def ping(self, nonce: int = 7) -> int:
+        return self.request(m.Ping(nonce))[0].nonce
+
+    def goodbye(self) -> None:
+        self.send(m.Goodbye())
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
