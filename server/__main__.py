@@ -179,7 +179,7 @@ def main(argv: Optional[list] = None) -> int:
             print(f"listening on {listener.address}", flush=True)
         except BrokenPipeError:
             pass
-    while not stop.wait(1.0):
+    while not stop.wait(0.2):  # short waits: signal handlers run between them
         pass
     log.info("shutting down")
     server.shutdown()

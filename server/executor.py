@@ -112,15 +112,13 @@ class Executor:
                 refs = self._plan_outs(msg.outs)
             flat = flatten(self._call(resolved, args, kwargs))
             self.ops_done += 1
-            if msg.reply:
-                return self._keep(flat, msg.outs)
-            self._bind(flat, refs, touched)
-            return None
+            results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
         except BaseException:
             self.mark_failed(msg.outs)
+            self._resync_quietly(touched)
             raise
-        finally:
-            self.table.resync(touched)
+        self.table.resync(touched)
+        return results
 
     def _call(self, resolved: ops.Resolved, args: Any, kwargs: Any) -> Any:
         if type(args) is not tuple:
@@ -164,6 +162,7 @@ class Executor:
         return refs
 
     def _bind(self, flat: list, refs: list, touched: list) -> None:
+        """Place results as `refs` promise (see the module's docstring); returns None."""
         if len(refs) > len(flat):
             raise Failure(OP, f"the op returned {len(flat)} results, the client expects {len(refs)}")
         inputs = {self.table.storage(s).data_ptr() for s in touched if s in self.table}
@@ -218,6 +217,12 @@ class Executor:
             elif type(out) is Ext and type(out.value) is tuple and out.value and type(out.value[0]) is int:
                 self._failed.add(out.value[0])
 
+    def _resync_quietly(self, touched: list) -> None:
+        try:
+            self.table.resync(touched)
+        except Failure:
+            pass  # the op's own error is the one to report
+
     def forget(self, sid: int) -> None:
         self._failed.discard(sid)
 
@@ -244,9 +249,9 @@ class Executor:
             self._bind(flatten([self.decode(o, touched, values) for o in outputs]), refs, touched)
         except BaseException:
             self.mark_failed(msg.outs)
+            self._resync_quietly(touched)
             raise
-        finally:
-            self.table.resync(touched)
+        self.table.resync(touched)
 
     def _graph(self, msg: RunGraph) -> tuple[tuple, tuple]:
         if not msg.nodes:

@@ -19,7 +19,7 @@ from .session import HELLO_TIMEOUT_S, Session
 log = logging.getLogger(__name__)
 
 #: How often accept threads look at the stop flag.
-ACCEPT_POLL_S = 0.5
+ACCEPT_POLL_S = 0.2
 #: Connections still in their handshake, beyond max_clients, before new ones are dropped.
 MAX_HANDSHAKING = 32
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0

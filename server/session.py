@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import traceback
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from . import failure
 from .executor import Executor
 from .failure import Failure
 from .rng import Generators
-from .storage import StorageTable
+from .storage import StorageTable, host_bytes
 
 if TYPE_CHECKING:
     from .service import Server
@@ -48,6 +48,17 @@ MAX_DISCARD_BYTES = 2 << 30
 MAX_ECHO_BYTES = 2 << 30
 _MAX_MESSAGE_TEXT = 64 << 10
 _MAX_TRACE_TEXT = 256 << 10
+
+
+class WriteTarget(NamedTuple):
+    """Where one WRITE payload is received: `buffer`. With `staging` set, the bytes are
+    copied into `view` (or, when None, the range the WRITE names once it runs) later;
+    with `error` set, they are thrown away and the error reported."""
+
+    buffer: Any
+    view: Optional[torch.Tensor] = None
+    staging: Optional[torch.Tensor] = None
+    error: Optional[BaseException] = None
 
 
 class Desync(Exception):
@@ -209,26 +220,22 @@ class Session:
         staged = sum(n for n, d in zip(lengths, direct) if not d or self.device.accelerator)
         if staged > self.table.limit:
             raise Desync(f"{staged} bytes of WRITE payload exceed this session's memory limit")
-        plan, buffers = [], []
-        for w, ok in zip(writes, direct):
-            target = self._write_target(w, ok)
-            plan.append(target)
-            buffers.append(self._discard([w.nbytes])[0] if target[0] == "discard" else target[-1])
+        plan = [self._write_target(w, ok) for w, ok in zip(writes, direct)]
         self._stash = (header.type, request, plan)
-        return buffers
+        return [t.buffer for t in plan]
 
-    def _write_target(self, w: m.WriteStorage, direct: bool) -> tuple:
-        """("direct", buffer) | ("staged", view or None, buffer) | ("discard", error)."""
+    def _write_target(self, w: m.WriteStorage, direct: bool) -> "WriteTarget":
         view = None
         if direct:
             try:
                 view = self.table.byte_range(w.sid, w.offset, w.nbytes)
             except (Failure, ProtocolError) as exc:
-                return ("discard", exc)
+                return WriteTarget(self._discard([w.nbytes])[0], error=exc)
             if not self.device.accelerator:
                 # CPU: the storage's own memory; earlier ops of this client have all run.
-                return ("direct", view.numpy())
-        return ("staged", view, self.device.staging(w.nbytes).numpy())
+                return WriteTarget(host_bytes(view))
+        staging = self.device.staging(w.nbytes)
+        return WriteTarget(host_bytes(staging), view, staging)
 
     def _discard(self, lengths: list) -> list:
         need = max(lengths, default=0)
@@ -305,17 +312,17 @@ class Session:
         elif kind is m.RunGraph:
             self.executor.run_graph(item)
 
-    def _write(self, w: m.WriteStorage, target: Optional[tuple]) -> None:
+    def _write(self, w: m.WriteStorage, target: Optional["WriteTarget"]) -> None:
         if target is None:  # the transport skipped the sink: no payload came
             if w.nbytes:
                 raise ProtocolError("WRITE without its payload")
             self.table.byte_range(w.sid, w.offset, 0)
             return
-        if target[0] == "discard":
-            raise target[1]
-        if target[0] == "staged":
-            view = target[1] if target[1] is not None else self.table.byte_range(w.sid, w.offset, w.nbytes)
-            view.copy_(torch.from_numpy(target[2]), non_blocking=True)
+        if target.error is not None:
+            raise target.error
+        if target.staging is not None:
+            view = target.view if target.view is not None else self.table.byte_range(w.sid, w.offset, w.nbytes)
+            view.copy_(target.staging, non_blocking=True)
 
     # -- requests with a reply -----------------------------------------------------------------------
     def _on_run(self, request: m.RunOp, msg: Message, plan) -> None:
@@ -342,7 +349,7 @@ class Session:
                 staging.copy_(view, non_blocking=True)
                 self.device.synchronize(self._stream)
                 view = staging
-            payload = view.numpy()
+            payload = host_bytes(view)
         except Exception as exc:
             self._send(_error_reply(exc), msg.req_id)
             return

@@ -9,6 +9,7 @@ silently grow the storage to fit whatever a peer asks for.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Iterable, NamedTuple
 
 import torch
@@ -22,6 +23,13 @@ from .failure import bad_handle, oom
 #: would only keep a kernel busy.
 MAX_NUMEL = 1 << 50
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def host_bytes(t: torch.Tensor) -> memoryview:
+    """The memory of a contiguous CPU uint8 tensor as a writable byte buffer. Unlike
+    Tensor.numpy(), this leaves the storage resizable, so storages behave the same for
+    ops whether or not bytes have been written into them."""
+    return memoryview((ctypes.c_ubyte * t.numel()).from_address(t.data_ptr())).cast("B")
 
 
 class TensorRef(NamedTuple):
@@ -91,11 +99,17 @@ class StorageTable:
         self.peak = max(self.peak, self.used)
 
     def resync(self, sids: Iterable[int]) -> None:
-        """Re-count storages an op may have resized (resize_, set_, out= with a wrong size)."""
+        """Re-count storages an op may have resized (resize_, set_, out= with a wrong size).
+        Such growth is only seen afterwards: past the limit, it is reported as out of
+        memory and every later allocation of the session is refused until it frees some."""
+        grew = False
         for sid in sids:
             storage = self._storages.get(sid)
             if storage is not None and storage.nbytes() != self._sizes[sid]:
+                grew |= storage.nbytes() > self._sizes[sid]
                 self._account(sid, storage.nbytes())
+        if grew and self.used > self.limit:
+            raise oom(f"an op grew this session's storages to {self.used} bytes, over its limit of {self.limit}")
 
     # -- entries -------------------------------------------------------------------------------
     def _check_new(self, sid: Any) -> None:
