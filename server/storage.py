@@ -10,7 +10,7 @@ silently grow the storage to fit whatever a peer asks for.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Optional
 
 import torch
 
@@ -127,11 +127,19 @@ class StorageTable:
         self._storages[sid] = storage
         self._account(sid, nbytes)
 
-    def adopt(self, sid: int, storage: torch.UntypedStorage) -> None:
-        """Keep an op's result storage under `sid` (already counted against the limit)."""
-        self._check_new(sid)
+    def put(self, sid: int, storage: torch.UntypedStorage, replace: bool = True) -> None:
+        """Keep an op's result storage under `sid`, in place of what `sid` held if
+        `replace`; the caller has checked the limit (check_fits) beforehand."""
+        if not (replace and sid in self._storages):
+            self._check_new(sid)
         self._storages[sid] = storage
         self._account(sid, storage.nbytes())
+
+    def get(self, sid: Any) -> Optional[torch.UntypedStorage]:
+        try:
+            return self._storages.get(sid)
+        except TypeError:
+            return None
 
     def free(self, sid: int) -> bool:
         storage = self._storages.pop(sid, None)
