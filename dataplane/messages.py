@@ -115,7 +115,8 @@ class RunOp:
     copies when the kernel's layout differs), or None for results that alias an input
     or are not tensors. With `reply` set the server answers RunReply with the results'
     metadata instead (data-dependent shapes); the results then wait under the storage
-    ids of `outs` (plain ints) until freed.
+    ids of `outs` (plain ints) until freed. Results are numbered in the op's return
+    order with `Tensor[]` returns expanded in place (`split` gives one per piece).
     """
 
     op: str
@@ -155,7 +156,13 @@ class SyncOk:
 @_message(MsgType.RUN_GRAPH)
 class RunGraph:
     """Run a captured aten graph: `nodes` are (op, args, kwargs) with Ext(GRAPH_VALUE, i)
-    naming earlier node results; `outs` bind the graph outputs like RunOp.outs."""
+    naming earlier node results; `outs` bind the graph outputs like RunOp.outs.
+
+    Values are numbered `inputs` first, then one per node: Ext(GRAPH_VALUE, i) is value
+    i, Ext(GRAPH_VALUE, (i, j)) element j of a multi-result value i. `outputs` name the
+    values that `outs` bind. A graph sent once may run again with `nodes` empty (and
+    `outputs` empty to reuse the first call's): the server keeps graphs by id per session.
+    """
 
     graph_id: int
     nodes: tuple

@@ -5,6 +5,12 @@ plain scalars and containers as themselves, torch types as `Ext` with the codes 
 Tensors are references to remote storage (TENSOR) or, for small CPU tensors that ops
 take as arguments (wrapped scalars, index lists), inline bytes (CPU_TENSOR).
 Decoding accepts only dtypes, layouts and memory formats from fixed tables.
+
+A GENERATOR names a random stream: the server keeps one generator per (client, id) and
+reseeds it whenever it sees a new (seed, epoch) for that id. Id 0 is the session's
+default stream: the server also draws from it for ops that take no generator argument
+(native_dropout) or are sent with None, so a client should send its default generator
+as id 0 to make `manual_seed` reach those ops too.
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", type=parse_listen, default=parse_listen(config.DEFAULT_TCP_SERVER),
                    metavar="HOST:PORT", help="TCP address, port 0..65535, 0 picks a free one "
                                              f"(default: {config.DEFAULT_TCP_SERVER})")
-    p.add_argument("--port", type=_int_range(0, MAX_PORT_ID), default=0, metavar="N",
-                   help=f"DPDK port id the EAL options created, 0..{MAX_PORT_ID} (default: 0)")
+    p.add_argument("--port", type=_int_range(0, MAX_PORT_ID), default=None, metavar="N",
+                   help=f"DPDK port id (of those the EAL options create) to serve, 0..{MAX_PORT_ID} "
+                        "(default: every memif server port, else every port)")
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]|mps|xpu[:N]",
                    help="torch device to execute on; auto picks cuda, then xpu, then mps, else cpu (default: auto)")
     p.add_argument("--token-file", default=None, metavar="PATH",
@@ -137,15 +138,16 @@ def open_listeners(args, eal: list) -> list:
     return listeners
 
 
-def _dpdk_listener(port: int, eal: list):
+def _dpdk_listener(port: Optional[int], eal: list):
     from ..errors import UnavailableError
 
     try:
-        from ..dataplane import connect
-    except ImportError:
-        raise UnavailableError("the DPDK transport is not part of this build (remote_accel.dataplane.connect "
-                               "is missing); use --transport tcp") from None
-    return connect.listen(transport="dpdk", port=port, eal_args=eal or None)
+        from ..dataplane.dpdk import DpdkListener
+    except ImportError as exc:  # UnavailableError is one: the shim is not built, or DPDK is absent
+        raise UnavailableError(f"--transport dpdk is not available here ({exc}); use --transport tcp") from None
+    # No --port: every memif server interface of the default EAL arguments (one per client
+    # slot), or every port the user's EAL options create.
+    return DpdkListener(ports=None if port is None else [port], eal_args=eal or None)
 
 
 def main(argv: Optional[list] = None) -> int:

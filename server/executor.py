@@ -29,7 +29,7 @@ from . import ops
 from .device import ComputeDevice
 from .failure import BAD_HANDLE, OP, Failure
 from .rng import Generators
-from .storage import StorageTable, TensorRef, parse_ref, span_bytes
+from .storage import StorageTable, TensorRef, parse_ref
 
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
@@ -156,7 +156,7 @@ class Executor:
                 raise ProtocolError("RunOp outs must be tensor references or None")
             ref = parse_ref(out.value)
             if ref.sid not in self.table:
-                need += span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+                need += ref.span
             refs.append(ref)
         self.table.check_fits(need)
         return refs
@@ -180,7 +180,7 @@ class Executor:
             existing = self.table.get(ref.sid)
             if existing is not None and exact and existing.data_ptr() == ptr:
                 continue  # the result already is that view (out= variants)
-            need = span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+            need = ref.span
             # The client announces (ALLOCs) an output's storage before the op that fills it,
             # so the usual case is to swap the kernel's fresh storage in for that
             # untouched allocation instead of copying into it.

@@ -10,6 +10,7 @@ silently grow the storage to fit whatever a peer asks for.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Iterable, NamedTuple, Optional
 
 import torch
@@ -39,10 +40,18 @@ class TensorRef(NamedTuple):
     stride: tuple
     offset: int
     flags: int
+    span: int  # bytes of storage the view reaches, from the storage's start
 
 
 def parse_ref(value: Any) -> TensorRef:
     """The payload of a torch_values.TENSOR value, type-checked; ProtocolError otherwise."""
+    try:
+        return _parse_cached(value)
+    except TypeError:  # unhashable (lists inside): not worth caching, and malformed anyway
+        return _parse(value)
+
+
+def _parse(value: Any) -> TensorRef:
     if type(value) is not tuple or len(value) != 6:
         raise ProtocolError("malformed tensor reference")
     sid, dtype, shape, stride, offset, flags = value
@@ -54,7 +63,14 @@ def parse_ref(value: Any) -> TensorRef:
     stride = torch_values.check_shape(stride, "stride")
     if len(stride) != len(shape):
         raise ProtocolError(f"stride {stride} does not match shape {shape}")
-    return TensorRef(sid, torch_values.dtype_from_name(dtype), shape, stride, offset, flags)
+    dtype = torch_values.dtype_from_name(dtype)
+    return TensorRef(sid, dtype, shape, stride, offset, flags, span_bytes(shape, stride, offset, dtype.itemsize))
+
+
+# A client names the same few views over and over (weights, activations): checking a
+# reference costs more than the op it feeds on small tensors, and the check depends on
+# the reference alone. Errors are not cached (lru_cache lets them through).
+_parse_cached = functools.lru_cache(maxsize=4096)(_parse)
 
 
 def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsize: int) -> int:
@@ -165,7 +181,7 @@ class StorageTable:
     # -- views ------------------------------------------------------------------------------------
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         storage = self.storage(ref.sid)
-        need = span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
+        need = ref.span
         if need > storage.nbytes():
             raise bad_handle(f"view {tuple(ref.shape)}/{tuple(ref.stride)}+{ref.offset} of {ref.dtype} "
                              f"needs {need} bytes, storage {ref.sid} has {storage.nbytes()}")
