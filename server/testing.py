@@ -37,7 +37,11 @@ _LISTENING = re.compile(r"listening on (\S+)")
 
 
 class ServerProcess:
-    """`python -m remote_accel.server` on 127.0.0.1 with a free port and a private token."""
+    """`python -m remote_accel.server` on 127.0.0.1 with a free port and a private token.
+
+    Its runtime folder (REMOTE_ACCEL_RUNTIME_DIR: the default memif socket and the memif
+    client slots' lock files) is private too, so DPDK clients started with
+    `env=server.client_env()` find this server and no other."""
 
     def __init__(self, *options: str, device: str = "cpu", eal: tuple = (), token: str = "test-token",
                  start_timeout: float = 60.0, env: Optional[dict] = None):
@@ -51,7 +55,8 @@ class ServerProcess:
                      "--device", device, "--token-file", self.token_file, *options]
         self.addresses: list[str] = []
         self._start_timeout = start_timeout
-        self._env = dict(os.environ, **(env or {}))
+        self.runtime_dir = self._dir.name
+        self._env = dict(os.environ, **self.client_env(), **(env or {}))
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "ServerProcess":
@@ -74,6 +79,12 @@ class ServerProcess:
                     if match:
                         self.addresses.append(match.group(1))
         return self
+
+    def client_env(self) -> dict:
+        """Environment variables for a client process of this server."""
+        from .. import config
+
+        return {config.ENV_RUNTIME_DIR: self.runtime_dir}
 
     @property
     def tcp(self) -> tuple[str, int]:
