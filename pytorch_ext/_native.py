@@ -1,0 +1,51 @@
+"""Load the C++ part of the remote_accel device (``remote_accel.pytorch_ext._C``).
+
+Importing ``_C`` registers, for PrivateUse1: the allocator, the device guard, the hooks
+(generators, pinned host memory), factory and view kernels, and an autocast fallthrough.
+It does not rename the backend or register the op fallback: the package's ``__init__``
+does that, after :func:`load`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+from ..errors import UnavailableError
+
+__all__ = ["load"]
+
+_REBUILD = (
+    "rebuild remote_accel with torch importable at configure time, against the torch you "
+    "run: `pip install --no-build-isolation .` (or scripts/dev-build.sh in a checkout)"
+)
+
+_module: types.ModuleType | None = None
+
+
+def load() -> types.ModuleType:
+    """Import ``_C`` once and return it.
+
+    Raises UnavailableError when the extension was not built (torch was missing at build
+    time) or cannot be loaded (e.g. built against another torch), or was built for another
+    version of the package.
+    """
+    global _module
+    if _module is not None:
+        return _module
+    from .._version import __version__
+
+    try:
+        # torch first: _C links against its libraries and uses its Python types.
+        import torch  # noqa: F401
+
+        module = importlib.import_module("._C", __package__)
+    except ImportError as exc:
+        raise UnavailableError(f"the remote_accel C++ device extension is not available ({exc}); {_REBUILD}") from exc
+    if module.version() != __version__:
+        raise UnavailableError(
+            f"the remote_accel C++ device extension was built for version {module.version()}, "
+            f"but the package is {__version__}; {_REBUILD}"
+        )
+    _module = module
+    return module

@@ -1,0 +1,425 @@
+// Allocator, device guard, generator and PrivateUse1 hooks of the remote_accel device.
+#include "device.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <sys/mman.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+namespace remote_accel {
+namespace {
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// ---------------------------------------------------------------------------------------
+// Allocator
+
+struct Allocation {
+  uint64_t id;
+  size_t nbytes;
+  c10::DeviceIndex device;
+};
+
+struct Registry {
+  std::mutex mu;
+  uint64_t next_id = 1;
+  std::unordered_map<void*, Allocation> live;
+  std::array<std::deque<uint64_t>, kMaxDevices> freed;
+  std::array<int64_t, kMaxDevices> live_count{};
+};
+
+// Leaked on purpose: tensors are still freed during interpreter shutdown, after static
+// destructors would have run.
+Registry& registry() {
+  static auto* r = new Registry();
+  return *r;
+}
+
+// Runs wherever the last reference to a storage drops, possibly in a thread without the
+// GIL or during shutdown: it only records the id; Python sends the `free` to the server
+// when it drains the queue.
+void delete_remote(void* ptr) {
+  Allocation a{};
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.live.find(ptr);
+    if (it == r.live.end()) {
+      return;
+    }
+    a = it->second;
+    r.live.erase(it);
+    r.freed[a.device].push_back(a.id);
+    --r.live_count[a.device];
+  }
+  // Unmapped only once the entry is gone, so the kernel cannot hand the same range to
+  // another allocation while the map still names it.
+  munmap(ptr, a.nbytes);
+}
+
+struct RemoteAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    const c10::Device device(kDevice, current_device());
+    if (n == 0) {
+      return {nullptr, nullptr, &delete_remote, device};
+    }
+    // The bytes live on the server. The range is reserved, never readable: every storage
+    // gets addresses of its own (ATen's overlap checks compare pointers), and a stray
+    // dereference faults instead of scribbling on host memory. NORESERVE + PROT_NONE
+    // costs no memory and no overcommit.
+    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // ENOMEM here usually means vm.max_map_count: each live storage is one mapping at
+    // worst (freed neighbours split merged ranges).
+    TORCH_CHECK(p != MAP_FAILED, "remote_accel: cannot reserve ", n,
+                " bytes of address space for a remote storage: ", std::strerror(errno),
+                errno == ENOMEM ? " (too many live storages for vm.max_map_count?)" : "");
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.live.emplace(p, Allocation{r.next_id++, n, device.index()});
+    ++r.live_count[device.index()];
+    return {p, p, &delete_remote, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &delete_remote;
+  }
+
+  void copy_data(void*, const void*, size_t) const override {
+    TORCH_CHECK(false, "remote_accel: storage bytes live on the server and cannot be copied "
+                       "on the client; copy tensors instead");
+  }
+};
+
+RemoteAllocator g_allocator;
+
+// ---------------------------------------------------------------------------------------
+// Device guard: one thread-local current index, one default stream per device, no events.
+
+std::atomic<int> g_device_count{1};
+thread_local c10::DeviceIndex t_current_device = 0;
+
+void check_index(c10::DeviceIndex index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "remote_accel: device index ",
+                    static_cast<int>(index), " is out of range (device_count() is ",
+                    static_cast<int>(device_count()), ")");
+}
+
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kDevice;
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override {
+    return {kDevice, t_current_device};
+  }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kDevice, "remote_accel guard got device ", d);
+    if (d.index() >= 0) {  // -1 means "current": nothing to change
+      check_index(d.index());
+      t_current_device = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) {
+      t_current_device = d.index();
+    }
+  }
+  // Ops run in order on the server, per session: one stream per device is the truth.
+  static c10::Stream default_stream(c10::Device d) {
+    return c10::Stream(c10::Stream::DEFAULT, {kDevice, d.index() < 0 ? t_current_device : d.index()});
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return default_stream(d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return default_stream(d);
+  }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    return default_stream(d);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return default_stream(d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return default_stream(s.device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(g_device_count.load());
+  }
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  // Waiting for the server is a network round trip: Python does it (synchronize()).
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(c10::DeviceIndex) const override {}
+  void record(void**, const c10::Stream&, c10::DeviceIndex, c10::EventFlag) const override {
+    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
+  }
+  void block(void*, const c10::Stream&) const override {
+    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
+  }
+  bool queryEvent(void*) const override {
+    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+// ---------------------------------------------------------------------------------------
+// Generator. The random numbers are drawn on the server; the client generator only names
+// a stream: (id, seed, epoch) travels with every random op, and the server reseeds its own
+// generator for the session whenever that triple changes. `epoch` grows on every explicit
+// change of the stream (manual_seed, seed, set_state, set_offset), so reseeding to the
+// same seed twice still reaches the server.
+//
+// get_state()/set_state() use a 16-byte uint8 CPU tensor: seed then offset, each a
+// uint64 in native (little-endian) byte order, like the CUDA generator's (seed, offset).
+
+constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // c10::default_rng_seed_val
+constexpr int64_t kStateBytes = 16;
+std::atomic<uint64_t> g_next_generator_id{1};
+
+struct RemoteGenerator final : c10::GeneratorImpl {
+  explicit RemoteGenerator(c10::DeviceIndex device)
+      : c10::GeneratorImpl({kDevice, device}, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        id_(g_next_generator_id++) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+    ++epoch_;
+  }
+  void set_offset(uint64_t offset) override {
+    offset_ = offset;
+    ++epoch_;
+  }
+  uint64_t get_offset() const override {
+    return offset_;
+  }
+  uint64_t current_seed() const override {
+    return seed_;
+  }
+  uint64_t seed() override {
+    const uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::detail::empty_cpu({kStateBytes}, c10::ScalarType::Byte, std::nullopt,
+                                       std::nullopt, std::nullopt, std::nullopt);
+    auto* out = static_cast<uint8_t*>(state.mutable_data_ptr());
+    std::memcpy(out, &seed_, 8);
+    std::memcpy(out + 8, &offset_, 8);
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    at::detail::check_rng_state(state);
+    TORCH_CHECK(state.numel() == kStateBytes && state.is_contiguous(),
+                "remote_accel generator state must be a contiguous uint8 tensor of ",
+                kStateBytes, " bytes (seed, offset), got ", state.numel(), " bytes");
+    const auto* in = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, in, 8);
+    std::memcpy(&offset_, in + 8, 8);
+    ++epoch_;
+  }
+
+  uint64_t id() const {
+    return id_;
+  }
+  uint64_t epoch() const {
+    return epoch_;
+  }
+
+ private:
+  // A clone is another generator: a new id, so the server keeps its stream apart.
+  RemoteGenerator* clone_impl() const override {
+    auto* g = new RemoteGenerator(device_.index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+
+  const uint64_t id_;
+  uint64_t seed_ = kDefaultSeed;
+  uint64_t offset_ = 0;
+  uint64_t epoch_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Hooks: what PyTorch asks of any PrivateUse1 backend.
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  // The server may not be connected yet; ops then fail in Python with a clear error.
+  bool isAvailable() const override {
+    return true;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return true;
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_generator(device);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override {
+    return new_generator(device);
+  }
+  c10::Device getDeviceFromPtr(void* data) const override {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.live.find(data);
+    TORCH_CHECK(it != r.live.end(), "remote_accel: pointer ", data, " is not the start of a remote storage");
+    return {kDevice, it->second.device};
+  }
+  // Host memory for remote_accel is plain host memory: the transport pins (or copies
+  // into) its own buffers. So pin_memory() works, and is_pinned() stays false.
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetCPUAllocator();
+  }
+  bool isPinnedPtr(const void*) const override {
+    return false;
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return device_count();
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    check_index(device);
+    t_current_device = device;
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return current_device();
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const auto old = current_device();
+    setCurrentDevice(device);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+  // UntypedStorage.resize_(): only the cases that need no copy of remote bytes (the copy
+  // would need the server, which C++ does not talk to): same size, free (to 0 bytes, as
+  // FSDP does), or a fresh allocation of a storage that has no bytes.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    TORCH_CHECK(storage.resizable(), "remote_accel: trying to resize a storage that is not resizable");
+    const size_t old = storage.nbytes();
+    if (nbytes == old) {
+      return;
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(nbytes == 0 || old == 0,
+        "remote_accel: resizing a storage from ", old, " to ", nbytes,
+        " bytes would copy its contents on the server; only resizing to or from 0 bytes is "
+        "supported (resize a tensor instead)");
+    c10::DeviceGuard guard(storage.device());
+    storage.set_data_ptr_noswap(g_allocator.allocate(nbytes));
+    storage.set_nbytes(nbytes);
+  }
+};
+
+const bool g_hooks_registered = [] {
+  c10::SetAllocator(kDevice, &g_allocator);
+  at::RegisterPrivateUse1HooksInterface(new Hooks());
+  return true;
+}();
+
+} // namespace
+
+c10::Allocator* allocator() {
+  return &g_allocator;
+}
+
+uint64_t storage_id(const void* ptr) {
+  if (ptr == nullptr) {
+    return 0;
+  }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.find(const_cast<void*>(ptr));
+  TORCH_CHECK_VALUE(it != r.live.end(), "remote_accel: ", ptr, " is not a remote storage");
+  return it->second.id;
+}
+
+std::vector<uint64_t> drain_freed(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& q = r.freed[device];
+  std::vector<uint64_t> ids(q.begin(), q.end());
+  q.clear();
+  return ids;
+}
+
+int64_t live_storages(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.live_count[device];
+}
+
+void set_device_count(int count) {
+  TORCH_CHECK_VALUE(count >= 1 && count <= kMaxDevices, "remote_accel: device count must be in [1, ",
+                    kMaxDevices, "], got ", count);
+  g_device_count = count;
+}
+
+c10::DeviceIndex device_count() {
+  return static_cast<c10::DeviceIndex>(g_device_count.load());
+}
+
+c10::DeviceIndex current_device() {
+  return t_current_device;
+}
+
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  if (device < 0) {
+    device = current_device();
+  }
+  check_index(device);
+  // Leaked like the registry; the references handed out must outlive every user.
+  static auto* generators = new std::array<at::Generator, kMaxDevices>();
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& g = (*generators)[device];
+  if (!g.defined()) {
+    g = at::make_generator<RemoteGenerator>(device);
+  }
+  return g;
+}
+
+at::Generator new_generator(c10::DeviceIndex device) {
+  if (device < 0) {
+    device = current_device();
+  }
+  check_index(device);
+  return at::make_generator<RemoteGenerator>(device);
+}
+
+std::tuple<uint64_t, uint64_t, uint64_t> generator_info(const at::Generator& gen) {
+  auto* impl = dynamic_cast<RemoteGenerator*>(gen.unsafeGetGeneratorImpl());
+  TORCH_CHECK_VALUE(impl != nullptr, "remote_accel: not a remote_accel generator (device ",
+                    gen.device(), ")");
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  return {impl->id(), impl->current_seed(), impl->epoch()};
+}
+
+} // namespace remote_accel

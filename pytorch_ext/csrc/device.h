@@ -1,0 +1,44 @@
+// The remote_accel device on the client: what lives in C++ and what Python may ask of it.
+//
+// A remote_accel tensor's storage is a handle: a 64-bit storage id plus a reserved (never
+// readable) address range, so that ATen's pointer arithmetic and overlap checks work
+// while the bytes themselves live on the server. Everything that talks to the server is
+// Python; this part only gives PyTorch the pieces it cannot do without (an allocator, a
+// device guard, hooks, a generator, and view kernels that never need the server).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace remote_accel {
+
+// Upper bound for set_device_count: default generators live in a fixed array so that
+// the references handed to PyTorch stay valid.
+constexpr int kMaxDevices = 64;
+
+// The PrivateUse1 allocator (also installed with c10::SetAllocator).
+c10::Allocator* allocator();
+
+// Storage id of the allocation starting at ptr: 0 for nullptr; throws for a pointer
+// this allocator did not hand out.
+uint64_t storage_id(const void* ptr);
+// Ids of storages of this device freed since the last call, oldest first.
+std::vector<uint64_t> drain_freed(c10::DeviceIndex device);
+// Allocations of this device still alive.
+int64_t live_storages(c10::DeviceIndex device);
+
+void set_device_count(int count);
+c10::DeviceIndex device_count();
+c10::DeviceIndex current_device();
+
+const at::Generator& default_generator(c10::DeviceIndex device);
+at::Generator new_generator(c10::DeviceIndex device);
+// (generator id, seed, epoch) of a remote_accel generator; see device.cpp.
+std::tuple<uint64_t, uint64_t, uint64_t> generator_info(const at::Generator& gen);
+
+} // namespace remote_accel

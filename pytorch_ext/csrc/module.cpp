@@ -1,0 +1,162 @@
+// Kernels that never need the server (factories and views), and the `_C` Python module.
+//
+// Every other aten op on a remote_accel tensor reaches the boxed Python fallback, which
+// the Python side registers for PrivateUse1.
+#include "device.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/strides.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#ifndef REMOTE_ACCEL_VERSION
+#error "REMOTE_ACCEL_VERSION must be defined by the build"
+#endif
+
+namespace remote_accel {
+namespace {
+
+constexpr c10::DispatchKey kKey = c10::DispatchKey::PrivateUse1;
+
+void check_plain(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "remote_accel supports only strided tensors, got layout ", *layout);
+  TORCH_CHECK(!pin_memory.value_or(false), "remote_accel tensors cannot be pinned (only CPU tensors can)");
+}
+
+// Factories allocate a handle only: fill_/normal_/... that follow go to the fallback.
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_plain(layout, pin_memory);
+  // The allocator takes its device from the guard; no codegen'd guard wraps our kernels.
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_generic(size, allocator(), c10::DispatchKeySet(kKey),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  check_plain(layout, pin_memory);
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_strided_generic(size, stride, allocator(), c10::DispatchKeySet(kKey),
+                                           c10::dtype_or_default(dtype));
+}
+
+// set_(storage, offset, size, stride): metadata only. CPU's kernel would grow a storage that
+// is too small by copying its bytes in host memory, which for us is a reserved, unreadable
+// range; growing would need the server, so it is refused here.
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t storage_offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device_type() == c10::DeviceType::PrivateUse1,
+              "remote_accel: set_ needs a remote_accel storage, got one on ", source.device());
+  // The schema's default `stride=[]` means contiguous.
+  const bool contiguous = stride.empty() && !size.empty();
+  const c10::DimVector strides = contiguous ? c10::contiguous_strides(size) : c10::DimVector(stride);
+  TORCH_CHECK(size.size() == strides.size(), "set_: unequal size length (", size.size(),
+              ") and stride length (", strides.size(), ")");
+  TORCH_CHECK(storage_offset >= 0, "set_: invalid storage offset ", storage_offset);
+  // Checked before anything changes, so a refused set_ leaves self as it was.
+  const size_t needed = c10::multiply_integers(size) == 0
+      ? 0
+      : at::detail::computeStorageNbytes(size, strides, self.dtype().itemsize(),
+                                         static_cast<size_t>(storage_offset));
+  TORCH_CHECK(needed <= source.nbytes(), "remote_accel: set_ would need a storage of ", needed,
+              " bytes but it has ", source.nbytes(), "; growing a remote storage is not supported here");
+  // Validates the rest (devices match) and installs the storage.
+  at::native::checkSetStorage(self, source, storage_offset, size, c10::IntArrayRef(strides));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides, storage_offset);
+  return self;
+}
+
+// set_(): detach from the storage, as an empty tensor on a fresh 0-byte storage.
+at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceGuard guard(self.device());
+  at::Storage empty(at::Storage::use_byte_size_t(), 0, allocator(), /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+uint64_t id_of(const at::Storage& storage) {
+  TORCH_CHECK_VALUE(storage.device_type() == c10::DeviceType::PrivateUse1,
+                    "remote_accel: storage_id needs a remote_accel storage, got one on ", storage.device());
+  return storage_id(storage.data());
+}
+
+} // namespace
+} // namespace remote_accel
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace remote_accel;
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  // The views with a kernel per backend (native_functions.yaml). The rest (transpose,
+  // permute, select, slice, expand, squeeze, diagonal, alias, _neg_view, _conj...) are
+  // CompositeExplicitAutograd and end up in these. All are device-generic metadata code.
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("set_.source_Storage", TORCH_FN(at::native::set_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+  m.impl("set_", TORCH_FN(set_empty));
+  // resize_ is left to the Python fallback: growing a storage must copy its bytes on the
+  // server.
+}
+
+// Without this, any op called under torch.autocast("remote_accel") fails with "could not
+// run ... with AutocastPrivateUse1"; torch 2.13 registers no fallback for that key.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+PYBIND11_MODULE(_C, m) {
+  namespace ra = remote_accel;
+  namespace py = pybind11;
+  m.doc() = "remote_accel device: allocator, device guard, generator and view kernels";
+
+  m.def("version", [] { return std::string(REMOTE_ACCEL_VERSION); },
+        "Version of the package this extension was built for.");
+
+  m.def("storage_id", [](const at::Tensor& t) { return ra::id_of(t.storage()); }, py::arg("tensor"));
+  m.def("storage_id", [](const at::Storage& s) { return ra::id_of(s); }, py::arg("storage"),
+        "Storage id of a remote_accel tensor or storage: 0 for a storage without bytes.");
+  m.def("drain_freed", [](int device) { return ra::drain_freed(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Ids of this device's storages freed since the last call, oldest first.");
+  m.def("live_storages", [](int device) { return ra::live_storages(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Number of this device's storages still alive.");
+
+  m.def("set_device_count", &ra::set_device_count, py::arg("count"));
+  m.def("device_count", [] { return static_cast<int>(ra::device_count()); });
+  m.def("current_device", [] { return static_cast<int>(ra::current_device()); },
+        "This thread's current remote_accel device index.");
+  m.def("set_device", [](int device) {
+          c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+              ->setDevice({c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)});
+        }, py::arg("device_index"));
+  m.def("exchange_device", [](int device) {
+          const auto old = ra::current_device();
+          c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+              ->setDevice({c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)});
+          return static_cast<int>(old);
+        }, py::arg("device_index"), "Set the current device; return the previous one.");
+
+  m.def("default_generator", [](int device) { return ra::default_generator(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index") = -1, "The default torch.Generator of a device (-1: current).");
+  m.def("generator_info", &ra::generator_info, py::arg("generator"),
+        "(generator id, seed, epoch) of a remote_accel torch.Generator. The server reseeds its "
+        "generator whenever this triple changes; the offset is Generator.get_offset().");
+}
