@@ -189,7 +189,19 @@ class Session:
     # -- receiving --------------------------------------------------------------------------------
     def _sink(self, header, meta: bytes, lengths: list) -> list:
         """Decode the message as soon as its prologue is in, and choose where its payloads
-        land: straight into the destination storage where that is safe, else staging."""
+        land: straight into the destination storage where that is safe, else staging.
+        Raises only Desync: anything else would leave the payload bytes unread."""
+        try:
+            return self._place(header, meta, lengths)
+        except Desync:
+            raise
+        except Exception as exc:  # a server bug: report it, keep the stream in step
+            log.exception("session %d: placing the payloads of a %s failed", self.number, type_name(header.type))
+            self._stash = (header.type, ProtocolError(f"the server could not place this message's payloads: {exc}"),
+                           None)
+            return self._discard(lengths)
+
+    def _place(self, header, meta: bytes, lengths: list) -> list:
         try:
             msg = m.decode(header.type, meta)
         except ProtocolError as exc:
@@ -449,14 +461,15 @@ def _batch_writes(items: list) -> tuple[list, list]:
         elif type(item) is m.AllocStorage:
             named.add(item.sid)
         elif type(item) is m.FreeStorage:
-            named.update(item.sids)
+            named.update(sid for sid in item.sids if type(sid) is int)
     return writes, direct
 
 
 def _collect_sids(value: Any, into: set) -> None:
     if type(value) is Ext:
         if value.code == torch_values.TENSOR and type(value.value) is tuple and value.value:
-            into.add(value.value[0])
+            if type(value.value[0]) is int:
+                into.add(value.value[0])
         else:
             _collect_sids(value.value, into)
     elif type(value) in (tuple, list):

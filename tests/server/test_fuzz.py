@@ -3,6 +3,7 @@ crash, and a well-behaved client connected at the same time keeps getting right 
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -18,7 +19,9 @@ from remote_accel.dataplane.tcp import TcpTransport
 from remote_accel.errors import TransportError
 from remote_accel.server.testing import Client, ServerProcess, encode_arg
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+#: REMOTE_ACCEL_FUZZ_EXAMPLES=1000 for a longer hunt than CI's.
+FUZZ = settings(max_examples=int(os.environ.get("REMOTE_ACCEL_FUZZ_EXAMPLES", "60")), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -256,5 +259,33 @@ def test_random_meta_for_every_type(target, bystander, meta):
         for msg_type in list(wire.MsgType) + [0, 99, 255]:
             if msg_type not in (m.MsgType.GOODBYE, m.MsgType.HELLO):
                 c.transport.send(int(msg_type), codec.encode(meta))
+        still_serving(c)
+    bystander.check()
+
+
+batch_members = st.one_of(
+    st.builds(m.AllocStorage, st.integers(0, 5), st.integers(-2, 1 << 12)),
+    st.builds(m.WriteStorage, st.integers(0, 5), st.integers(-2, 40), st.integers(0, 40)),
+    st.builds(m.FreeStorage, st.lists(st.one_of(st.integers(0, 5), leaf, st.lists(leaf, max_size=2)), max_size=3)
+              .map(tuple)),
+    st.builds(m.RunOp, op_names, st.lists(values, max_size=3).map(tuple), st.just({}),
+              st.lists(st.one_of(st.none(), refs), max_size=2).map(tuple), st.booleans()),
+)
+
+
+@FUZZ
+@given(data=st.data())
+def test_random_batches(target, bystander, data):
+    members = data.draw(st.lists(st.one_of(batch_members.map(m.batch_item),
+                                           st.tuples(st.integers(0, 70), values)), max_size=6))
+    writes = [fields[2] for kind, fields in members
+              if kind == m.MsgType.WRITE and type(fields) is tuple and len(fields) == 3]
+    if data.draw(st.booleans(), label="payloads match the writes"):
+        payloads = [bytes(max(n, 0)) for n in writes]
+    else:
+        payloads = data.draw(st.lists(st.binary(max_size=48), max_size=4))
+    with Client.tcp(*target.tcp, token=target.token) as c:
+        c.upload(torch.arange(8, dtype=torch.float32))
+        c.transport.send(int(m.MsgType.BATCH), codec.encode((tuple(members),)), payloads)
         still_serving(c)
     bystander.check()
