@@ -102,10 +102,10 @@ class Server:
             self._admitted.add(session)
             return True
 
-    def remove(self, session: Session, admitted: bool) -> None:
+    def remove(self, session: Session) -> None:
         with self._lock:
             self._live.discard(session)
-            if admitted:
+            if session in self._admitted:
                 self._admitted.discard(session)
                 self._ended_sessions += 1
                 self._ended_ops += session.ops_done

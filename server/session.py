@@ -73,6 +73,7 @@ class Session:
         self.number = number
         self.device = server.device
         self.client = "?"
+        self.admitted = False  # counted by the server (authenticated, under max_clients)
         self.table = StorageTable(self.device, server.session_limit)
         self.executor: Optional[Executor] = None  # made in the session's own thread
         self.pending: Optional[m.ErrorReply] = None
@@ -97,16 +98,16 @@ class Session:
     def serve(self) -> None:
         """The session thread's body; returns when the client is gone. Never raises."""
         reason = "closed"
-        admitted = False
         try:
-            admitted = self._handshake()
-            if admitted:
+            if self._handshake():
                 reason = self._loop()
+        except TransportError as exc:  # the client left while the server answered it
+            reason = "server shutting down" if self.server.stopping else f"connection lost ({exc})"
         except Exception:  # a server bug: end this session, keep serving the others
             log.exception("session %d failed", self.number)
             reason = "server error"
         finally:
-            self._release(admitted, reason)
+            self._release(reason)
 
     def _handshake(self) -> bool:
         try:
@@ -130,7 +131,8 @@ class Session:
         if not hmac.compare_digest(hello.token.encode(), self.server.token.encode()):
             log.warning("refused %s (%s): wrong token", self.transport.peer, self.client)
             return self._refuse(msg, failure.AUTH, "wrong token")
-        if not self.server.admit(self):
+        self.admitted = self.server.admit(self)
+        if not self.admitted:
             log.warning("refused %s (%s): %d clients already", self.transport.peer, self.client,
                         self.server.max_clients)
             return self._refuse(msg, failure.BUSY, f"the server serves at most {self.server.max_clients} clients")
@@ -171,7 +173,7 @@ class Session:
             if not self._dispatch(msg):
                 return "goodbye"
 
-    def _release(self, admitted: bool, reason: str) -> None:
+    def _release(self, reason: str) -> None:
         try:
             if self.executor is not None:
                 self.device.synchronize(self._stream)
@@ -181,8 +183,8 @@ class Session:
         if self.executor is not None:
             self.executor.clear()
         self.transport.close()
-        self.server.remove(self, admitted)
-        if admitted:
+        self.server.remove(self)
+        if self.admitted:
             log.info("client disconnected: session %d, %s (%s): %s; freed %d storages, %d bytes, after %d ops",
                      self.number, self.transport.peer, self.client, reason, count, nbytes, self.ops_done)
 
