@@ -31,6 +31,7 @@ from .failure import BAD_HANDLE, OP, Failure
 from .rng import Generators
 from .storage import StorageTable, TensorRef, parse_ref
 
+#: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
 _MAX_FAILED = 1 << 16
@@ -269,8 +270,11 @@ class Executor:
             if (type(node) is not tuple or len(node) != 3 or type(node[0]) is not str
                     or type(node[1]) not in (tuple, list) or type(node[2]) is not dict):
                 raise ProtocolError("graph nodes must be (op, args, kwargs)")
-        if msg.graph_id not in self._graphs and len(self._graphs) >= MAX_GRAPHS:
-            del self._graphs[next(iter(self._graphs))]  # the oldest
+        self._graphs.pop(msg.graph_id, None)
+        held = sum(len(nodes) for nodes, _ in self._graphs.values())
+        while self._graphs and (len(self._graphs) >= MAX_GRAPHS or held + len(msg.nodes) > MAX_GRAPH_NODES):
+            oldest = next(iter(self._graphs))
+            held -= len(self._graphs.pop(oldest)[0])
         self._graphs[msg.graph_id] = (msg.nodes, msg.outputs)
         return msg.nodes, msg.outputs
 
