@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -257,11 +258,13 @@ def test_rng_state_round_trip(client):
         client.request(m.Rng("spin", None))
 
 
-def test_sigterm_shuts_down_cleanly():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_shut_down_cleanly(sig):
     with ServerProcess() as proc, Client.tcp(*proc.tcp, token=proc.token) as c:
         c.upload(torch.ones(10))
         c.sync()
-        assert proc.stop() == 0
+        proc.proc.send_signal(sig)
+        assert proc.proc.wait(20) == 0
         with pytest.raises(TransportError):
             c.ping()
         log = proc.log()
