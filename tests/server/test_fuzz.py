@@ -157,6 +157,8 @@ SEMANTIC_ERRORS = [
     ("op", lambda c, x: c.run("aten::add.Tensor", x, x, outs=(c.empty((5,)),))),  # shape mismatch
     ("op", lambda c, x: c.run("aten::mm", x, x, outs=(c.empty((4, 4)),))),
     ("oom", lambda c, x: c.alloc(1 << 40)),
+    # an op's own allocation failing in the device allocator (1 PiB: beyond any address space)
+    ("oom", lambda c, x: c.run("aten::empty.memory_format", [1 << 50], dtype=torch.uint8)),
     ("oom", lambda c, x: c.run("aten::resize_", x, [1 << 25])),  # grows a storage past the limit
     ("protocol", lambda c, x: c.alloc(-5)),
     ("protocol", lambda c, x: c.run("aten::neg", Ext(torch_values.TENSOR, (x.sid, "float128", (4,), (1,), 0, 0)))),
