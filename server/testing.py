@@ -32,6 +32,7 @@ from ..dataplane.codec import Ext
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.transport import Transport
 from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError
+from .storage import span_bytes
 
 _LISTENING = re.compile(r"listening on (\S+)")
 
@@ -44,7 +45,7 @@ class ServerProcess:
     `env=server.client_env()` find this server and no other."""
 
     def __init__(self, *options: str, device: str = "cpu", eal: tuple = (), token: str = "test-token",
-                 start_timeout: float = 60.0, env: Optional[dict] = None):
+                 start_timeout: float = 180.0, env: Optional[dict] = None):
         self._dir = tempfile.TemporaryDirectory(prefix="ra-server-")
         self.token = token
         self.token_file = os.path.join(self._dir.name, "token")
@@ -242,8 +243,6 @@ class Client:
         return Ref(self.new_sid(), dtype, tuple(shape), tuple(stride or contiguous_stride(shape)))
 
     def download(self, ref: Ref) -> torch.Tensor:
-        from .storage import span_bytes
-
         nbytes = span_bytes(ref.shape, ref.stride, ref.offset, ref.dtype.itemsize)
         raw = bytearray(self.read(ref.sid, nbytes)) or bytearray(1)
         flat = torch.frombuffer(raw, dtype=torch.uint8)[:nbytes].view(ref.dtype)

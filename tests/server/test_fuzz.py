@@ -16,8 +16,7 @@ from remote_accel.dataplane import codec, torch_values, wire
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.codec import Ext
 from remote_accel.dataplane.tcp import TcpTransport
-from remote_accel.errors import TransportError
-from remote_accel.server.testing import Client, ServerProcess, encode_arg
+from remote_accel.server.testing import Client, ServerProcess
 
 #: REMOTE_ACCEL_FUZZ_EXAMPLES=1000 for a longer hunt than CI's.
 FUZZ = settings(max_examples=int(os.environ.get("REMOTE_ACCEL_FUZZ_EXAMPLES", "60")), deadline=None,
