@@ -36,6 +36,7 @@ class Record:
     crc_ok: bool = True
     frame: dict = field(default_factory=dict)  # frame header fields of DPDK frames
     note: str = ""  # what went wrong, for records that are not a message
+    info: str = ""  # what this is, for records that are neither (a DPDK session frame)
 
     @property
     def is_message(self) -> bool:
@@ -248,10 +249,13 @@ def tcp_data(ip, tcp) -> tuple[bytes, int]:
 class CaptureReader:
     """Packets of a capture file -> Records, in capture order."""
 
-    def __init__(self, path: str, tcp_ports: frozenset = frozenset(), frame_port: Optional[int] = None):
+    def __init__(self, path: str, tcp_ports: frozenset = frozenset(), frame_port: Optional[int] = None,
+                 all_frames: bool = False):
+        from .frames import FRAME_UDP_PORT, FrameTracker
+
         self.path = path
         self.tcp_ports = tcp_ports  # only these TCP ports when not empty
-        self.frame_port = frame_port
+        self.frames = FrameTracker(frame_port or FRAME_UDP_PORT, all_frames)
         self.flows: dict[tuple, TcpDirection] = {}
         self.packets = 0
         self.first_time = 0.0
@@ -260,8 +264,6 @@ class CaptureReader:
         from scapy.layers.inet import IP, TCP, UDP
         from scapy.layers.inet6 import IPv6
         from scapy.utils import PcapReader
-
-        from . import frames
 
         with PcapReader(self.path) as reader:
             for pkt in reader:
@@ -275,7 +277,7 @@ class CaptureReader:
                 if TCP in ip:
                     yield from self._tcp(ip, ip[TCP], time)
                 elif UDP in ip:
-                    yield from frames.records(ip, ip[UDP], time, self.frame_port)
+                    yield from self.frames.records(ip, ip[UDP], time)
         for direction in self.flows.values():
             yield from direction.finish()
 

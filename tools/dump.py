@@ -16,6 +16,7 @@ from scapy.error import Scapy_Exception
 from ..dataplane import messages, wire
 from ..errors import ProtocolError
 from .capture import CaptureReader, Record
+from .wire_layers import FRAME_UDP_PORT
 
 BAD_CRC = "!! BAD CHECKSUM"
 
@@ -44,8 +45,10 @@ def format_line(rec: Record, t0: float, width: int) -> str:
     head = f"{when}  {where}  {rec.proto}"
     if rec.frame:
         head += f" [{_frame_text(rec.frame)}]"
-    if not rec.is_message:
+    if rec.note:
         return f"{head}  !! {rec.note}"
+    if not rec.is_message:
+        return f"{head}  {rec.info}"
     pkt = rec.prologue
     text = (f"{head}  {wire.type_name(pkt.type)} req={pkt.req_id} flags={pkt.flags:#x} "
             f"meta={pkt.meta_len}B payloads={pkt.n_payloads}/{pkt.payload_total}B  {meta_summary(rec, width)}")
@@ -56,7 +59,7 @@ def format_line(rec: Record, t0: float, width: int) -> str:
 
 def as_json(rec: Record, t0: float) -> dict:
     out = {"time": rec.time - t0, "src": rec.src, "dst": rec.dst, "proto": rec.proto,
-           "frame": rec.frame or None, "note": rec.note or None}
+           "frame": rec.frame or None, "note": rec.note or None, "info": rec.info or None}
     pkt = rec.prologue
     if pkt is not None:
         out.update(type=int(pkt.type), type_name=wire.type_name(pkt.type), req_id=pkt.req_id,
@@ -79,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, action="append", metavar="PORT",
                    help="only TCP connections on this port (1-65535, repeatable; default: every "
                         "connection, each checked for remote_accel messages)")
+    p.add_argument("--frames", action="store_true",
+                   help="DPDK captures: also print acks, keepalives and every chunk of a message, "
+                        "not only each message's first frame and the session events")
+    p.add_argument("--frame-port", type=int, default=FRAME_UDP_PORT, metavar="PORT",
+                   help=f"UDP port of DPDK frames (1-65535; default {FRAME_UDP_PORT})")
     p.add_argument("-c", "--count", type=int, default=0, metavar="N",
                    help="stop after N lines (>= 0; default 0: all)")
     p.add_argument("--width", type=int, default=120, metavar="CHARS",
@@ -92,21 +100,26 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.count < 0 or args.width < 0 or any(not 0 < p < 65536 for p in args.port or ()):
-        parser.error("--count and --width must be >= 0, --port in 1-65535")
+    if args.count < 0 or args.width < 0:
+        parser.error("--count and --width must be >= 0")
+    if any(not 0 < p < 65536 for p in [args.frame_port, *(args.port or ())]):
+        parser.error("--port and --frame-port must be in 1-65535")
     if not os.path.isfile(args.file):
         print(f"ra-dump: {args.file}: no such file", file=sys.stderr)
         return 1
-    reader = CaptureReader(args.file, frozenset(args.port or ()))
-    shown = bad = problems = 0
+    reader = CaptureReader(args.file, frozenset(args.port or ()), args.frame_port, args.frames)
+    shown = found = bad = problems = 0
     t0 = None
     try:
         for rec in reader:
             if t0 is None:
                 t0 = 0.0 if args.absolute else reader.first_time
             shown += 1
-            bad += rec.is_message and not rec.crc_ok
-            problems += not rec.is_message
+            found += rec.is_message
+            if (rec.is_message and not rec.crc_ok) or "CHECKSUM" in rec.note:
+                bad += 1
+            elif rec.note:
+                problems += 1
             line = json.dumps(as_json(rec, t0)) if args.json else format_line(rec, t0, args.width)
             print(line)
             if args.count and shown >= args.count:
@@ -118,8 +131,8 @@ def main(argv=None) -> int:
     except (OSError, EOFError, ValueError, Scapy_Exception) as exc:  # unreadable or not a capture
         print(f"ra-dump: cannot read {args.file}: {exc}", file=sys.stderr)
         return 1
-    print(f"ra-dump: {shown - problems} messages in {reader.packets} packets, {bad} with a bad "
-          f"checksum, {problems} other problems", file=sys.stderr)
+    print(f"ra-dump: {found} messages in {reader.packets} packets, {bad} bad checksums, "
+          f"{problems} other problems", file=sys.stderr)
     return 0
 
 

@@ -107,14 +107,14 @@ def test_tcp_stream_reassembled_and_split(tmp_path):
     assert lines[0].split()[0] == "0.002000"  # after SYN and SYN-ACK, 1 ms apart
     bad = [line for line in lines if "BAD CHECKSUM" in line]
     assert len(bad) == 1 and " READ req=5 " in bad[0]
-    assert "9 messages" in err and "1 with a bad checksum" in err
+    assert "9 messages" in err and "1 bad checksums" in err
 
     lines, _ = ra_dump(tmp_path / "tcp.pcap", "--json")
     docs = [json.loads(line) for line in lines]
     assert [d["type_name"] for d in docs][:2] == ["HELLO", "ECHO"]
     assert docs[1] | {"time": 0} == {
         "time": 0, "src": "10.0.0.1:40000", "dst": "10.0.0.2:18515", "proto": "tcp", "frame": None,
-        "note": None, "type": 64, "type_name": "ECHO", "req_id": 2, "flags": 0, "meta_len": 7,
+        "note": None, "info": None, "type": 64, "type_name": "ECHO", "req_id": 2, "flags": 0, "meta_len": 7,
         "n_payloads": 1, "payload_total": 3072, "lengths": [3072], "crc_ok": True, "meta": "Echo(seq=7)"}
     assert [d["crc_ok"] for d in docs].count(False) == 1
 
@@ -149,6 +149,60 @@ def test_udp_datagram_and_count(tmp_path):
     assert "BAD CHECKSUM" in lines[1]
     lines, _ = ra_dump(tmp_path / "udp.pcap", "-c", "1")
     assert len(lines) == 1
+
+
+def test_dpdk_frames_synthesised(tmp_path):
+    from remote_accel.tools.wire_layers import FRAME_UDP_PORT, RAFrame, RAHello
+
+    a, b = ("169.254.0.1", "02:00:00:00:00:01"), ("169.254.0.2", "02:00:00:00:00:02")
+    frames, t = [], [1_700_000_000.0]
+
+    def put(src, dst, frame, bad=False):
+        pkt = (Ether(src=src[1], dst=dst[1]) / IP(src=src[0], dst=dst[0])
+               / UDP(sport=FRAME_UDP_PORT, dport=FRAME_UDP_PORT) / frame)
+        raw = bytearray(bytes(pkt))
+        if bad:
+            raw[-1] ^= 0x01
+        pkt = Ether(bytes(raw))
+        pkt.time = t[0]
+        t[0] += 0.001
+        frames.append(pkt)
+
+    hello = dict(max_chunk=1416, window=256, peer_timeout_ns=8 * 10**9)
+    put(a, b, RAFrame(type="HELLO", conn=9) / RAHello(**hello))
+    put(b, a, RAFrame(type="ACCEPT", conn=9) / RAHello(**hello))
+    # a RUN message whose meta (and so its prologue) spans two frames, then its payload
+    run = messages.RunOp(op="aten::add.Tensor", args=("x" * 1500,), kwargs={}, outs=(1,))
+    msg = message(run, [b"\x07" * 1000], req_id=21)
+    chunks = [msg[i:i + 1416] for i in range(0, len(msg), 1416)]
+    for i, chunk in enumerate(chunks):
+        put(a, b, RAFrame(type="DATA", conn=9, seq=i, msg_id=0, offset=1416 * i, msg_len=len(msg)) / chunk)
+    put(b, a, RAFrame(type="ACK", conn=9, seq=0, ack=len(chunks), limit=256 + len(chunks)))
+    reply = message(messages.SyncOk(ops_done=1), req_id=22)
+    put(b, a, RAFrame(type="DATA", conn=9, seq=0, msg_id=0, msg_len=len(reply)) / reply, bad=True)
+    put(b, a, RAFrame(type="DATA", conn=9, seq=0, msg_id=0, msg_len=len(reply)) / reply)  # resent intact
+    put(b, a, RAFrame(type="DATA", conn=9, seq=0, msg_id=0, msg_len=len(reply)) / reply)  # and once more
+    put(a, b, RAFrame(type="GOODBYE", conn=9, seq=len(chunks)))
+    wrpcap(str(tmp_path / "dpdk.pcap"), frames)
+
+    lines, err = ra_dump(tmp_path / "dpdk.pcap")
+    assert len(lines) == 7, "\n".join(lines)
+    assert "frame HELLO" in lines[0] and "max_chunk=1416" in lines[0] and "conn=9" in lines[0]
+    assert lines[0].split()[1:4] == ["169.254.0.1:18516", ">", "169.254.0.2:18516"]
+    assert "frame ACCEPT" in lines[1]
+    # the prologue ends in the second frame; the line shows the first
+    assert " dpdk [conn=9 seq=0 ack=0 msg=0 off=0 len=1416]  RUN req=21 " in lines[2]
+    assert lines[2].split()[0] == "0.002000"
+    assert "RunOp(op='aten::add.Tensor'" in lines[2] and "payloads=1/1000B" in lines[2]
+    assert "BAD FRAME CHECKSUM" in lines[3] and "seq=0" in lines[3]
+    # a frame whose checksum failed tells nothing reliable: the next copy is the first one
+    assert "SYNC_OK req=22" in lines[4] and "retransmit" not in lines[4]
+    assert "SYNC_OK req=22" in lines[5] and "retransmit=1" in lines[5]
+    assert "frame GOODBYE" in lines[6]
+    assert "3 messages" in err and "1 bad checksums" in err
+    every, _ = ra_dump(tmp_path / "dpdk.pcap", "--frames")
+    assert any("frame ACK" in line for line in every)
+    assert sum("frame DATA" in line for line in every) == len(chunks) - 1
 
 
 def test_unreadable_file(tmp_path):
