@@ -1,0 +1,115 @@
+"""ra-testpmd on real DPDK ports: net_null, net_ring, a ring pair, memif to an echo peer.
+
+Each run is a process of its own (one EAL per process), bounded by --duration.
+conftest.py marks these dpdk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+
+PROG = [sys.executable, "-m", "remote_accel.tools.testpmd"]
+
+
+def report(*args, env=None) -> dict:
+    out = subprocess.run([*PROG, *map(str, args), "--json"], capture_output=True, text=True, timeout=180,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_txonly_on_net_null():
+    doc = report("--vdev=net_null0", "--", "--forward-mode", "txonly", "--duration", "1", "--txpkts", "256",
+                 "--stats-period", "0.5")
+    (port,) = doc["ports"]
+    assert doc["unit"] == "frames" and port["driver"] == "net_null" and port["name"] == "net_null0"
+    assert port["tx_packets"] > 10_000 and port["rx_packets"] == 0
+    assert port["tx_bytes"] == 256 * port["tx_packets"]
+    assert port["tx_payload"] == (256 - 98) * port["tx_packets"]
+    assert port["tx_dropped"] == 0  # net_null takes everything
+    assert port["tx_pps"] > 0 and port["tx_gbit_s"] > 0
+    assert doc["latency_us"] is None and len(doc["samples"]) >= 1
+
+
+def test_rxonly_on_net_null():
+    doc = report("--vdev=net_null0,size=128", "--", "--forward-mode", "rxonly", "--duration", "1", "--stats-period", "0")
+    (port,) = doc["ports"]
+    assert port["rx_packets"] > 10_000 and port["tx_packets"] == 0
+    assert port["rx_bytes"] == 128 * port["rx_packets"]  # net_null hands out frames of size=
+
+
+def test_io_on_a_net_ring_loopback_with_tx_first():
+    doc = report("--vdev=net_ring0", "--", "--forward-mode", "io", "--tx-first", "--burst", "16",
+                 "--txpkts", "1000", "--duration", "1", "--stats-period", "0")
+    (port,) = doc["ports"]
+    assert port["driver"] == "net_ring"
+    # the first burst goes round and round: everything received is sent again
+    assert port["rx_packets"] > 1000
+    assert port["tx_packets"] - port["rx_packets"] in range(0, 17)
+    assert port["rx_bytes"] == 1000 * port["rx_packets"] and port["rx_dropped"] == 0
+
+
+def test_io_without_ports_uses_a_ring_pair():
+    out = subprocess.run([*PROG, "--", "--forward-mode", "io", "--duration", "1", "--json"], capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "ring pair" in out.stderr
+    doc = json.loads(out.stdout)
+    assert len(doc["ports"]) == 2 and all(p["rx_packets"] > 0 for p in doc["ports"])
+    a, b = doc["ports"]
+    assert a["rx_packets"] <= b["tx_packets"] and b["rx_packets"] <= a["tx_packets"]
+
+
+def test_echo_over_a_ring_pair_with_a_local_peer():
+    doc = report("--", "--forward-mode", "echo", "--peer", "local", "--size", "20000", "--burst", "4",
+                 "--duration", "1", "--stats-period", "0", "--verify")
+    (port,) = doc["ports"]
+    assert doc["transport"] == "dpdk" and doc["unit"] == "msgs"
+    assert port["rx_packets"] == port["tx_packets"] > 10
+    assert doc["latency_us"]["samples"] == port["rx_packets"] and doc["verify_mismatches"] == 0
+    assert doc["transport_stats"]["tx_frames"] > port["tx_packets"]  # 20000 bytes take several frames
+
+
+@pytest.fixture
+def memif_echo_peer():
+    """The echo peer as a memif server in another process, with a private runtime dir."""
+    with tempfile.TemporaryDirectory(prefix="ra-testpmd-") as runtime:
+        env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
+        proc = subprocess.Popen([sys.executable, "-m", "remote_accel.dataplane.echo", "--", "--transport", "dpdk"],
+                                stdout=subprocess.PIPE, text=True, env=env)
+        line: list = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(90)
+        try:
+            assert line and line[0].startswith("READY dpdk:"), line
+            yield env
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_echo_and_tensor_over_memif_to_the_echo_peer(memif_echo_peer):
+    doc = report("--", "--forward-mode", "echo", "--duration", "1.5", "--stats-period", "0.5", "--verify",
+                 env=memif_echo_peer)
+    (port,) = doc["ports"]
+    assert port["name"].startswith("dpdk:net_memif0:") and port["driver"] == "dpdk"
+    assert port["rx_packets"] == port["tx_packets"] > 10
+    assert doc["latency_us"]["p99.9"] >= doc["latency_us"]["p50"] > 0
+    # tensor mode against the echo peer: ECHO of the tensor's bytes
+    doc = report("--", "--forward-mode", "tensor", "--peer", "echo", "--size", "1M", "--duration", "1.5",
+                 "--stats-period", "0", "--verify", env=memif_echo_peer)
+    (port,) = doc["ports"]
+    assert port["rx_payload"] == port["tx_payload"] == (1 << 20) * port["rx_packets"] > 0
+    assert doc["verify_mismatches"] == 0
