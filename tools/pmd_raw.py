@@ -25,6 +25,8 @@ FRAME_OVERHEAD = 14 + 20 + 8 + FRAME_HEADER_SIZE
 #: rx_raw receives one burst, up to 2 x 32 + 8 frames, and drops what does not fit
 RX_SLOTS = 80
 MIN_RX_STRIDE = 2048
+DRAIN_IDLE_S = 0.1  # at the end, a port whose queue moved not at all for this long is done
+DRAIN_MAX_S = 2.0
 
 
 class RawRunner:
@@ -82,11 +84,20 @@ class RawRunner:
                         self._forward(self.peer[p], got)
 
     def stop(self) -> None:
-        for p in self.ports:  # a flush: frames still queued in the shim go out
-            try:
-                self.dpdk.tx_raw(p, self.frames[p], 0)
-            except DpdkError:
-                pass
+        # The shim queues what the PMD refused (up to 512 frames a port): flush until the
+        # PMD takes no more, so that the report counts them as sent, not dropped.
+        for p in self.ports:
+            sent, idle_until = -1, time.monotonic() + DRAIN_IDLE_S
+            deadline = time.monotonic() + DRAIN_MAX_S
+            while time.monotonic() < min(idle_until, deadline):
+                try:
+                    self.dpdk.tx_raw(p, self.frames[p], 0)
+                except DpdkError:
+                    break
+                now_sent = self.dpdk.port_stats(p)["tx_frames"]
+                if now_sent != sent:
+                    sent, idle_until = now_sent, time.monotonic() + DRAIN_IDLE_S
+                time.sleep(0.001)
 
     def snapshot(self) -> list:
         out = []
