@@ -172,3 +172,16 @@ def test_txonly_to_rxonly_over_af_packet_on_a_veth_pair():
     # the kernel may drop frames between the two sockets (no PMD counter sees those)
     assert 0 < got["rx_packets"] <= sent["tx_packets"]
     assert got["rx_bytes"] >= 1000 * (got["rx_packets"] - 10)  # ours, but for a stray kernel frame
+
+
+def test_tensor_mode_against_a_real_server_over_memif():
+    from remote_accel.server.testing import ServerProcess
+
+    with ServerProcess("--transport", "tcp,dpdk") as server:
+        doc = report("--", "--forward-mode", "tensor", "--size", "2M", "--token-file", server.token_file,
+                     "--duration", "1.5", "--stats-period", "0", "--verify", env=dict(os.environ, **server.client_env()))
+    (port,) = doc["ports"]
+    assert port["name"].startswith("dpdk:net_memif0:") and "-> cpu" in port["driver"]
+    assert port["rx_packets"] > 0 and port["tx_packets"] == 2 * port["rx_packets"] + 1  # WRITE+READ each, one ALLOC
+    assert port["rx_payload"] == port["tx_payload"] == (2 << 20) * port["rx_packets"]
+    assert doc["verify_mismatches"] == 0 and doc["latency_us"]["samples"] == port["rx_packets"]
