@@ -10,7 +10,6 @@ through `frames` (their own header first).
 from __future__ import annotations
 
 import bisect
-import struct
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 

@@ -50,8 +50,9 @@ class MessageRunner:
     unit = "msgs"
 
     def __init__(self, mode: str, transport, peer: str, size: int, burst: int, verify: bool,
-                 token: str = "", port_info: Optional[PortInfo] = None):
+                 token: str = "", port_info: Optional[PortInfo] = None, on_stop=None):
         self.mode, self.t, self.peer_kind = mode, transport, peer
+        self.on_stop = on_stop  # ends an in-process peer
         self.size, self.burst, self.verify = size, burst, verify
         self.info = [port_info or PortInfo(0, transport.peer, type(transport).__name__)]
         self.lat = Latency()
@@ -124,6 +125,8 @@ class MessageRunner:
         except TransportError:
             pass
         self.t.close()
+        if self.on_stop is not None:
+            self.on_stop()
         if self.sent_at:
             log.warning("%d requests got no reply within %.0f s of the end", len(self.sent_at), DRAIN_TIMEOUT_S)
 

@@ -154,14 +154,15 @@ def make_raw_runner(args, eal: list):
     return RawRunner(args.forward_mode, ports, args.txpkts, args.burst or 32, args.tx_first)
 
 
-def _local_peer(args):
+def _local_peer(args, eal: list):
     """Our end of a link to an echo peer served by a thread of this process."""
     from ..dataplane import echo
 
     stop = threading.Event()
     if args.transport == "dpdk":
-        from ..dataplane.dpdk import ChannelOptions, DpdkTransport
+        from ..dataplane.dpdk import ChannelOptions, DpdkTransport, ensure_eal
 
+        ensure_eal(eal or None, role="local")  # the ring pair needs no memif of the defaults
         ours, theirs = DpdkTransport.pair(options=ChannelOptions(busy_poll=args.busy_poll))
         threading.Thread(target=echo.serve, args=(theirs, stop), daemon=True).start()
     else:
@@ -192,7 +193,7 @@ def make_msg_runner(args, eal: list):
     size = args.size if args.size is not None else (1 << 20 if args.forward_mode == "tensor" else 64)
     stop = None
     if peer == "local":
-        transport, stop = _local_peer(args)
+        transport, stop = _local_peer(args, eal)
         peer = "echo"
     elif args.transport == "dpdk":
         from ..dataplane.dpdk import ChannelOptions, DpdkTransport
@@ -206,13 +207,14 @@ def make_msg_runner(args, eal: list):
         transport = TcpTransport.connect(host, port)
     info = PortInfo(args.port if args.transport == "dpdk" else 0, transport.peer, args.transport)
     try:
-        runner = MessageRunner(args.forward_mode, transport, peer, size, args.burst or 1, args.verify,
-                               token=_token(args) if peer == "server" else "", port_info=info)
+        return MessageRunner(args.forward_mode, transport, peer, size, args.burst or 1, args.verify,
+                             token=_token(args) if peer == "server" else "", port_info=info,
+                             on_stop=stop.set if stop is not None else None)
     except BaseException:
         transport.close()
+        if stop is not None:
+            stop.set()
         raise
-    runner.local_stop = stop
-    return runner
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -250,8 +252,6 @@ def run(runner, args, out) -> dict:
     finally:
         seconds = time.monotonic() - start  # traffic time; replies still due are drained after
         runner.stop()
-        if getattr(runner, "local_stop", None) is not None:
-            runner.local_stop.set()
     totals = runner.snapshot()
     latency = runner.latency()
     if not args.json:
