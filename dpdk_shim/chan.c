@@ -1,0 +1,810 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * The reliable channel's frame handling: frames in (demultiplexed by connection id
+ * and peer MAC), acks and selective acks, retransmission, credits, keepalives, the
+ * handshake, and the in-order copy into posted buffers. Every function here runs
+ * with the port lock held, by whichever thread polls the port.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_malloc.h>
+
+#include "chan.h"
+
+#define ACK_DELAY_NS 50000ull          /* a lone frame is acked after this long */
+#define RTO_MIN_NS 5000000ull          /* 5 ms: pollers on 2 cores may nap 1 ms */
+#define RTO_MAX_NS 250000000ull
+#define RTO_INIT_NS 20000000ull
+#define FAST_RETX_MIN_NS 100000ull     /* a hole younger than this may be reordering */
+#define HELLO_EVERY_NS 50000000ull
+#define RESET_EVERY_NS 10000000ull
+#define GOODBYE_COPIES 3
+#define RX_ROUNDS 4                    /* bursts per poll, to bound lock hold time */
+
+static void
+retain(struct rte_mbuf *m)
+{
+	for (struct rte_mbuf *s = m; s != NULL; s = s->next)
+		rte_mbuf_refcnt_update(s, 1);
+}
+
+struct shim_conn *
+conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o)
+{
+	struct shim_conn *c = calloc(1, sizeof(*c));
+	uint32_t w = 64;
+	uint32_t max_chunk = (uint32_t)RTE_MIN(p->max_frame - FRAME_OVERHEAD, (uint32_t)UINT16_MAX);
+
+	if (c == NULL)
+		return NULL;
+	while (w < o->window && w < 32768)
+		w <<= 1;
+	c->tx = calloc(w, sizeof(*c->tx));
+	c->rx = calloc(w, sizeof(*c->rx));
+	if (c->tx == NULL || c->rx == NULL) {
+		free(c->tx);
+		free(c->rx);
+		free(c);
+		return NULL;
+	}
+	c->port = p;
+	c->id = id;
+	atomic_init(&c->refs, 1);
+	c->state = CS_CONNECTING;
+	c->o = *o;
+	c->window = w;
+	c->mask = w - 1;
+	c->chunk = o->chunk && o->chunk < max_chunk ? o->chunk : max_chunk;
+	c->peer_timeout = ns_to_tsc(o->peer_timeout_ns);
+	c->ka_interval = c->peer_timeout / 4;
+	c->stall = ns_to_tsc(o->stall_ns);
+	c->rto = ns_to_tsc(RTO_INIT_NS);
+	c->snd_limit = 64;  /* until the handshake tells the peer's window */
+	c->last_rx = c->last_tx = c->last_ack_progress = port_clock(p);
+	c->group = o->group;
+	return c;
+}
+
+void
+conn_attach(struct shim_port *p, struct shim_conn *c)
+{
+	p->conns[p->n_conns++] = c;
+	c->attached = true;
+	atomic_fetch_add(&c->refs, 1);
+}
+
+static void
+conn_detach(struct shim_conn *c)
+{
+	struct shim_port *p = c->port;
+
+	if (!c->attached)
+		return;
+	for (int i = 0; i < p->n_conns; i++) {
+		if (p->conns[i] == c) {
+			p->conns[i] = p->conns[--p->n_conns];
+			break;
+		}
+	}
+	c->attached = false;
+	conn_unref(c);
+}
+
+static void
+free_tx(struct shim_conn *c)
+{
+	while (c->snd_una != c->snd_nxt) {
+		struct tx_slot *s = &c->tx[c->snd_una & c->mask];
+
+		rte_pktmbuf_free(s->m);
+		s->m = NULL;
+		c->snd_una++;
+	}
+}
+
+void
+conn_unref(struct shim_conn *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) != 1)
+		return;
+	free_tx(c);
+	for (uint32_t i = 0; i < c->window; i++)
+		rte_pktmbuf_free(c->rx[i].m);
+	free(c->tx);
+	free(c->rx);
+	free(c);
+}
+
+void
+conn_kill(struct shim_conn *c, int err, const char *why)
+{
+	if (c->state == CS_DEAD || c->state == CS_CLOSED)
+		return;
+	c->err = err;
+	snprintf(c->reason, sizeof(c->reason), "%s", why);
+	c->state = CS_DEAD;
+	free_tx(c);
+	conn_detach(c);
+}
+
+static uint64_t
+sack_bits(const struct shim_conn *c)
+{
+	uint64_t bits = 0;
+
+	if (c->n_ooo == 0)
+		return 0;
+	for (uint32_t i = 0; i < 64; i++) {
+		uint32_t seq = c->rcv_nxt + 1 + i;
+
+		if (seq - c->rcv_consumed >= c->window)
+			break;
+		if (c->rx[seq & c->mask].m != NULL)
+			bits |= 1ull << i;
+	}
+	return bits;
+}
+
+/* Our ack, limit and sack go on every frame we send, so a data frame is an ack too. */
+static void
+fill_ack(struct shim_conn *c, struct frame_hdr *h)
+{
+	uint32_t limit = c->rcv_consumed + c->window;
+
+	h->ack = rte_cpu_to_be_32(c->rcv_nxt);
+	h->limit = rte_cpu_to_be_32(limit);
+	h->sack = rte_cpu_to_be_64(sack_bits(c));
+	c->unacked = 0;
+	c->ack_now = false;
+	c->ack_due = 0;
+	c->adv_limit = limit;
+}
+
+static struct frame_hdr *
+start_frame(struct shim_port *p, struct rte_mbuf *m, const struct rte_ether_addr *dst,
+	    uint32_t dst_ip, uint8_t type, uint32_t id, uint32_t len)
+{
+	/* a fresh mbuf always has room for the headers */
+	uint8_t *buf = rte_pktmbuf_mtod(m, uint8_t *);
+	struct frame_hdr *h = (struct frame_hdr *)(buf + L2L4_LEN);
+
+	m->data_len = FRAME_OVERHEAD;
+	m->pkt_len = FRAME_OVERHEAD;
+
+	frame_l2l4(p, buf, dst, dst_ip, (uint32_t)sizeof(*h) + len);
+	memset(h, 0, sizeof(*h));
+	h->magic = rte_cpu_to_be_16(FRAME_MAGIC);
+	h->version = FRAME_VERSION;
+	h->type = type;
+	h->len = rte_cpu_to_be_16((uint16_t)len);
+	h->conn = rte_cpu_to_be_32(id);
+	return h;
+}
+
+void
+conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *body,
+	       uint32_t len, bool broadcast)
+{
+	struct shim_port *p = c->port;
+	struct rte_ether_addr bcast;
+	struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
+	struct frame_hdr *h;
+
+	if (m == NULL) {
+		p->st.tx_nombuf++;
+		return;
+	}
+	memset(&bcast, 0xff, sizeof(bcast));
+	h = start_frame(p, m, broadcast ? &bcast : &c->peer_mac,
+			broadcast ? 0xffffffffu : c->peer_ip, type, c->id, len);
+	h->flags = rte_cpu_to_be_16(flags);
+	h->seq = rte_cpu_to_be_32(c->snd_nxt);
+	fill_ack(c, h);
+	if (len)
+		memcpy(rte_pktmbuf_append(m, (uint16_t)len), body, len);
+	h->crc = rte_cpu_to_be_32(frame_crc(h, h + 1, len));
+	c->last_tx = p->clock;
+	if (type == FT_ACK)
+		p->st.tx_acks++;
+	else if (type == FT_KEEPALIVE)
+		p->st.tx_keepalives++;
+	port_queue(p, m);
+}
+
+static void
+send_reset(struct shim_port *p, const struct frame *f, uint32_t id, uint64_t now)
+{
+	static __thread uint64_t next_reset;  /* per polling thread is close enough */
+	struct rte_mbuf *m;
+	struct frame_hdr *h;
+
+	if (now < next_reset)
+		return;
+	next_reset = now + ns_to_tsc(RESET_EVERY_NS);
+	m = rte_pktmbuf_alloc(p->pool);
+	if (m == NULL)
+		return;
+	h = start_frame(p, m, &f->src, f->src_ip, FT_RESET, id, 0);
+	h->crc = rte_cpu_to_be_32(frame_crc(h, NULL, 0));
+	port_queue(p, m);
+}
+
+static void
+hello_body_fill(const struct shim_conn *c, struct hello_body *b)
+{
+	b->max_chunk = rte_cpu_to_be_32(c->chunk);
+	b->window = rte_cpu_to_be_32(c->window);
+	b->peer_timeout_ns = rte_cpu_to_be_64(c->o.peer_timeout_ns);
+}
+
+/* -- sending ------------------------------------------------------------------------ */
+bool
+conn_can_send(const struct shim_conn *c)
+{
+	return seq_lt(c->snd_nxt, c->snd_una + c->window) && seq_lt(c->snd_nxt, c->snd_limit);
+}
+
+static void
+zc_free_cb(void *addr, void *opaque)
+{
+	struct zc_ref *z = opaque;
+
+	(void)addr;
+	atomic_store(&z->done, 1);
+}
+
+void
+zc_init(struct zc_ref *z)
+{
+	memset(z, 0, sizeof(*z));
+	z->shinfo.free_cb = zc_free_cb;
+	z->shinfo.fcb_opaque = z;
+	rte_mbuf_ext_refcnt_set(&z->shinfo, 1);  /* the sender's own, dropped at the end */
+	atomic_init(&z->done, 0);
+}
+
+/* The next DATA frame of a message, from the gather state (*iov_i, *iov_off). A chunk
+ * that lies inside one long iov is attached as an external buffer (no copy) when the
+ * port allows; anything else is copied into the frame's mbuf. */
+struct rte_mbuf *
+conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n, int *iov_i,
+		uint64_t *iov_off, uint64_t msg_off, uint64_t total, uint32_t msg_id,
+		struct zc_ref *zc)
+{
+	struct shim_port *p = c->port;
+	uint32_t len = (uint32_t)RTE_MIN((uint64_t)c->chunk, total - msg_off);
+	struct rte_mbuf *m, *d = NULL;
+	struct frame_hdr *h;
+	uint32_t crc;
+
+	while (*iov_i < n && *iov_off == iov[*iov_i].len) {
+		(*iov_i)++;
+		*iov_off = 0;
+	}
+	m = rte_pktmbuf_alloc(p->pool);
+	if (m == NULL)
+		return NULL;
+	h = start_frame(p, m, &c->peer_mac, c->peer_ip, FT_DATA, c->id, len);
+	h->seq = rte_cpu_to_be_32(c->snd_nxt);
+	h->msg_id = rte_cpu_to_be_32(msg_id);
+	h->offset = rte_cpu_to_be_64(msg_off);
+	h->msg_len = rte_cpu_to_be_64(total);
+	if (msg_off + len == total || c->snd_nxt + 1 == c->snd_limit)
+		h->flags = rte_cpu_to_be_16(FF_ACK_NOW);  /* the sender is about to wait */
+	fill_ack(c, h);
+	if (zc != NULL && iov[*iov_i].len >= c->o.zero_copy_min &&
+	    iov[*iov_i].len - *iov_off >= len) {
+		uint8_t *addr = (uint8_t *)iov[*iov_i].base + *iov_off;
+
+		d = rte_pktmbuf_alloc(p->pool);
+		if (d == NULL) {
+			rte_pktmbuf_free(m);
+			return NULL;
+		}
+		rte_mbuf_ext_refcnt_update(&zc->shinfo, 1);
+		rte_pktmbuf_attach_extbuf(d, addr, RTE_BAD_IOVA, (uint16_t)len, &zc->shinfo);
+		d->data_len = (uint16_t)len;
+		d->pkt_len = len;
+		crc = frame_crc(h, addr, len);
+		rte_pktmbuf_chain(m, d);
+		*iov_off += len;
+		c->st.tx_zero_copy_frames++;
+	} else {
+		uint8_t *dst = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)len);
+		uint32_t left = len;
+
+		while (left) {
+			const struct shim_iov *v = &iov[*iov_i];
+			uint64_t k = RTE_MIN((uint64_t)left, v->len - *iov_off);
+
+			if (k == 0) {
+				(*iov_i)++;
+				*iov_off = 0;
+				continue;
+			}
+			memcpy(dst, (const uint8_t *)v->base + *iov_off, k);
+			dst += k;
+			left -= (uint32_t)k;
+			*iov_off += k;
+		}
+		crc = frame_crc(h, h + 1, len);
+	}
+	h->crc = rte_cpu_to_be_32(crc);
+	return m;
+}
+
+void
+conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now)
+{
+	struct tx_slot *s = &c->tx[c->snd_nxt & c->mask];
+
+	retain(m);
+	s->m = m;
+	s->sent = now;
+	s->n_tx = 1;
+	s->sacked = false;
+	if (c->snd_una == c->snd_nxt)
+		c->last_ack_progress = now;  /* the stall clock starts with the first frame out */
+	c->snd_nxt++;
+	c->last_tx = now;
+	c->st.tx_frames++;
+	port_queue(c->port, m);
+}
+
+static void
+retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now)
+{
+	retain(s->m);
+	port_queue(c->port, s->m);
+	s->sent = now;
+	s->n_tx++;
+	c->last_tx = now;
+	c->port->st.tx_retransmits++;
+	c->st.tx_retransmits++;
+}
+
+static void
+rtt_sample(struct shim_conn *c, uint64_t r)
+{
+	uint64_t lo = ns_to_tsc(RTO_MIN_NS), hi = ns_to_tsc(RTO_MAX_NS);
+
+	if (c->srtt == 0) {
+		c->srtt = r;
+		c->rttvar = r / 2;
+	} else {
+		uint64_t d = c->srtt > r ? c->srtt - r : r - c->srtt;
+
+		c->rttvar = (3 * c->rttvar + d) / 4;
+		c->srtt = (7 * c->srtt + r) / 8;
+	}
+	c->rto = RTE_MAX(lo, RTE_MIN(hi, c->srtt + 4 * c->rttvar));
+}
+
+static void
+on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now)
+{
+	uint32_t ack = rte_be_to_cpu_32(h->ack);
+	uint32_t limit = rte_be_to_cpu_32(h->limit);
+	uint64_t sack = rte_be_to_cpu_64(h->sack);
+
+	if (seq_lt(c->snd_una, ack) && seq_le(ack, c->snd_nxt)) {
+		struct tx_slot *last = &c->tx[(ack - 1) & c->mask];
+
+		if (last->n_tx == 1)
+			rtt_sample(c, now - last->sent);
+		while (c->snd_una != ack) {
+			struct tx_slot *s = &c->tx[c->snd_una & c->mask];
+
+			rte_pktmbuf_free(s->m);
+			s->m = NULL;
+			c->snd_una++;
+		}
+		c->last_ack_progress = now;
+	}
+	if (seq_lt(c->snd_limit, limit) && seq_le(limit, ack + c->window * 2 + 65536))
+		c->snd_limit = limit;
+	if (sack != 0 && seq_le(c->snd_una, ack)) {
+		uint32_t hi = c->snd_una;
+		uint64_t thresh = RTE_MAX(ns_to_tsc(FAST_RETX_MIN_NS), c->srtt + c->srtt / 2);
+
+		for (uint32_t i = 0; i < 64; i++) {
+			uint32_t seq = ack + 1 + i;
+
+			if (!seq_lt(seq, c->snd_nxt))
+				break;
+			if (sack & (1ull << i)) {
+				c->tx[seq & c->mask].sacked = true;
+				hi = seq;
+			}
+		}
+		/* Frames below the highest one the peer holds and not held: a hole. */
+		for (uint32_t seq = c->snd_una; seq_lt(seq, hi); seq++) {
+			struct tx_slot *s = &c->tx[seq & c->mask];
+
+			if (!s->sacked && now - s->sent > thresh)
+				retransmit(c, s, now);
+		}
+	}
+}
+
+/* -- receiving ---------------------------------------------------------------------- */
+static void
+on_data(struct shim_conn *c, const struct frame *f)
+{
+	uint32_t seq = rte_be_to_cpu_32(f->h->seq);
+	struct shim_port *p = c->port;
+	struct rx_slot *s;
+
+	c->st.rx_frames++;
+	c->unacked++;
+	if (rte_be_to_cpu_16(f->h->flags) & FF_ACK_NOW)
+		c->ack_now = true;
+	if (seq_lt(seq, c->rcv_nxt) || c->rx[seq & c->mask].m != NULL) {
+		p->st.rx_dup++;
+		c->st.rx_dup++;
+		c->ack_now = true;  /* the sender missed our ack: repeat it */
+		rte_pktmbuf_free(f->m);
+		return;
+	}
+	if (seq - c->rcv_consumed >= c->window) {
+		p->st.rx_out_of_window++;
+		c->ack_now = true;
+		rte_pktmbuf_free(f->m);
+		return;
+	}
+	s = &c->rx[seq & c->mask];
+	s->m = f->m;
+	s->chunk = f->chunk;
+	s->len = f->len;
+	s->msg_id = rte_be_to_cpu_32(f->h->msg_id);
+	s->offset = rte_be_to_cpu_64(f->h->offset);
+	s->msg_len = rte_be_to_cpu_64(f->h->msg_len);
+	if (seq == c->rcv_nxt) {
+		c->rcv_nxt++;
+		while (c->rcv_nxt - c->rcv_consumed < c->window && c->rx[c->rcv_nxt & c->mask].m) {
+			c->rcv_nxt++;
+			c->n_ooo--;
+		}
+	} else {
+		c->n_ooo++;
+		p->st.rx_out_of_order++;
+		c->st.rx_out_of_order++;
+		c->ack_now = true;  /* our sack shows the hole: the sender can fill it now */
+	}
+}
+
+/* The frame that starts or continues the current message must agree with it. */
+static bool
+msg_check(struct shim_conn *c, const struct rx_slot *s)
+{
+	if (!c->in_msg) {
+		if (s->offset != 0 || s->msg_id != c->in_msg_id || s->msg_len == 0 ||
+		    s->len == 0 || s->len > s->msg_len)
+			return false;
+		c->in_msg = true;
+		c->in_len = s->msg_len;
+		c->in_off = 0;
+		return true;
+	}
+	return s->msg_id == c->in_msg_id && s->offset == c->in_off && s->msg_len == c->in_len &&
+	       s->len > 0 && s->len <= c->in_len - c->in_off;
+}
+
+/* Copy in-order frames into the posted buffers (or drop them for a discard). */
+uint64_t
+conn_deliver(struct shim_conn *c)
+{
+	uint64_t done = 0;
+
+	while (c->post_left > 0 && c->rcv_consumed != c->rcv_nxt) {
+		struct rx_slot *s = &c->rx[c->rcv_consumed & c->mask];
+		uint32_t avail;
+
+		if (c->frame_off == 0 && !msg_check(c, s)) {
+			conn_kill(c, -EPROTO, "the peer broke the message framing");
+			return done;
+		}
+		avail = s->len - c->frame_off;
+		while (avail > 0 && c->post_left > 0) {
+			const struct shim_iov *v = &c->post[c->post_i];
+			uint64_t k = RTE_MIN((uint64_t)avail, v->len - c->post_off);
+
+			if (k == 0) {
+				c->post_i++;
+				c->post_off = 0;
+				continue;
+			}
+			if (v->base != NULL)
+				memcpy((uint8_t *)v->base + c->post_off, s->chunk + c->frame_off, k);
+			c->post_off += k;
+			c->post_left -= k;
+			c->frame_off += (uint32_t)k;
+			avail -= (uint32_t)k;
+			done += k;
+		}
+		if (c->frame_off < s->len)
+			break;
+		c->in_off += s->len;
+		c->st.rx_bytes += s->len;
+		rte_pktmbuf_free(s->m);
+		s->m = NULL;
+		c->frame_off = 0;
+		c->rcv_consumed++;
+		if (c->in_off == c->in_len) {
+			c->in_msg = false;
+			c->in_msg_id++;
+			c->st.rx_messages++;
+		}
+	}
+	/* Reopen the sender's window before it runs dry. */
+	if (done && c->rcv_consumed + c->window - c->adv_limit >= c->window / 4)
+		c->ack_now = true;
+	return done;
+}
+
+/* -- control frames ------------------------------------------------------------------ */
+static struct shim_conn *
+find_conn(struct shim_port *p, uint32_t id, const struct rte_ether_addr *src)
+{
+	for (int i = 0; i < p->n_conns; i++) {
+		struct shim_conn *c = p->conns[i];
+
+		if (c->id == id && (c->state == CS_CONNECTING || rte_is_same_ether_addr(&c->peer_mac, src)))
+			return c;
+	}
+	return NULL;
+}
+
+static bool
+read_hello(const struct frame *f, struct hello_body *b)
+{
+	if (f->len < sizeof(*b))
+		return false;
+	memcpy(b, f->chunk, sizeof(*b));
+	return rte_be_to_cpu_32(b->max_chunk) >= 64 && rte_be_to_cpu_32(b->window) >= 64;
+}
+
+static void
+on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64_t now)
+{
+	uint32_t id = rte_be_to_cpu_32(f->h->conn);
+	struct hello_body b;
+
+	if (c != NULL) {
+		if (c->state == CS_CONNECTING)
+			return;  /* our own broadcast, looped back by the link */
+		if (c->state == CS_OPEN) {  /* our ACCEPT was lost */
+			hello_body_fill(c, &b);
+			conn_send_ctrl(c, FT_ACCEPT, 0, &b, sizeof(b), false);
+		}
+		return;
+	}
+	if (!p->listening) {
+		p->st.rx_no_conn++;
+		return;
+	}
+	if (!read_hello(f, &b)) {
+		p->st.rx_malformed++;
+		return;
+	}
+	if (p->n_conns >= SHIM_MAX_CONNS || (c = conn_new(p, id, &p->listen_opts)) == NULL) {
+		send_reset(p, f, id, now);
+		return;
+	}
+	rte_ether_addr_copy(&f->src, &c->peer_mac);
+	c->peer_ip = f->src_ip;
+	c->chunk = RTE_MIN(c->chunk, rte_be_to_cpu_32(b.max_chunk));
+	c->snd_limit = rte_be_to_cpu_32(b.window);
+	c->state = CS_OPEN;
+	c->group = p->listen_group;
+	c->last_rx = now;
+	conn_attach(p, c);
+	hello_body_fill(c, &b);
+	conn_send_ctrl(c, FT_ACCEPT, 0, &b, sizeof(b), false);
+	accept_push(c);  /* the queue holds the reference conn_new gave */
+}
+
+static void
+on_frame(struct shim_port *p, struct frame *f, uint64_t now)
+{
+	const struct frame_hdr *h = f->h;
+	uint32_t id = rte_be_to_cpu_32(h->conn);
+	struct shim_conn *c = find_conn(p, id, &f->src);
+	struct hello_body b;
+
+	switch (h->type) {
+	case FT_HELLO:
+		on_hello(p, f, c, now);
+		goto done;
+	case FT_ACCEPT:
+		if (c != NULL && c->state == CS_CONNECTING && read_hello(f, &b)) {
+			rte_ether_addr_copy(&f->src, &c->peer_mac);
+			c->peer_ip = f->src_ip;
+			c->chunk = RTE_MIN(c->chunk, rte_be_to_cpu_32(b.max_chunk));
+			c->snd_limit = rte_be_to_cpu_32(b.window);
+			c->state = CS_OPEN;
+			c->last_rx = now;
+		}
+		goto done;
+	case FT_RESET:
+		if (c != NULL && c->state != CS_CONNECTING)
+			conn_kill(c, -ECONNRESET, "the peer reset the connection (it no longer knows it)");
+		goto done;
+	default:
+		break;
+	}
+	if (c == NULL || c->state == CS_CONNECTING) {
+		p->st.rx_no_conn++;
+		if (h->type != FT_GOODBYE)
+			send_reset(p, f, id, now);
+		goto done;
+	}
+	c->last_rx = now;
+	on_ack(c, h, now);
+	if (h->type == FT_DATA) {
+		on_data(c, f);
+		return;  /* the frame is stored or freed */
+	}
+	if (h->type == FT_GOODBYE && c->state == CS_OPEN) {
+		c->goodbye_seq = rte_be_to_cpu_32(h->seq);
+		snprintf(c->reason, sizeof(c->reason), "the peer closed the connection");
+		c->err = -EPIPE;
+		c->state = CS_PEER_CLOSED;
+		free_tx(c);
+		conn_detach(c);
+	}
+done:
+	rte_pktmbuf_free(f->m);
+}
+
+static void
+conn_timers(struct shim_conn *c, uint64_t now)
+{
+	struct hello_body b;
+
+	if (c->state == CS_CONNECTING) {
+		if (now >= c->hello_next) {
+			hello_body_fill(c, &b);
+			conn_send_ctrl(c, FT_HELLO, 0, &b, sizeof(b), true);
+			c->hello_next = now + ns_to_tsc(HELLO_EVERY_NS);
+		}
+		return;
+	}
+	if (c->state != CS_OPEN)
+		return;
+	if (now - c->last_rx > c->peer_timeout) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "no frame from the peer for %.1f s",
+			 (double)tsc_to_ns(now - c->last_rx) / 1e9);
+		conn_kill(c, -EHOSTDOWN, why);
+		return;
+	}
+	if (c->closed_local && (c->snd_una == c->snd_nxt || now > c->linger_deadline)) {
+		for (int i = 0; i < GOODBYE_COPIES; i++)
+			conn_send_ctrl(c, FT_GOODBYE, 0, NULL, 0, false);
+		c->state = CS_CLOSED;
+		free_tx(c);
+		conn_detach(c);
+		return;
+	}
+	if (c->snd_una != c->snd_nxt) {
+		struct tx_slot *s = &c->tx[c->snd_una & c->mask];
+
+		if (now - s->sent > c->rto) {
+			int budget = SHIM_BURST * 2;
+
+			for (uint32_t seq = c->snd_una; seq != c->snd_nxt && budget > 0; seq++) {
+				struct tx_slot *t = &c->tx[seq & c->mask];
+
+				if (!t->sacked && now - t->sent > c->rto) {
+					retransmit(c, t, now);
+					budget--;
+				}
+			}
+			c->rto = RTE_MIN(c->rto * 2, ns_to_tsc(RTO_MAX_NS));
+		}
+	}
+	if (c->unacked > 0) {
+		if (c->ack_now || c->unacked >= RTE_MAX(8u, c->window / 16))
+			conn_send_ctrl(c, FT_ACK, 0, NULL, 0, false);
+		else if (c->ack_due == 0)
+			c->ack_due = now + ns_to_tsc(ACK_DELAY_NS);
+		else if (now >= c->ack_due)
+			conn_send_ctrl(c, FT_ACK, 0, NULL, 0, false);
+	} else if (c->ack_now) {
+		conn_send_ctrl(c, FT_ACK, 0, NULL, 0, false);  /* a window update */
+	}
+	if (now - c->last_tx > c->ka_interval)
+		conn_send_ctrl(c, FT_KEEPALIVE, 0, NULL, 0, false);
+}
+
+void
+conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns)
+{
+	c->closed_local = true;
+	switch (c->state) {
+	case CS_OPEN:
+		/* Timers send GOODBYE once the peer has everything, or the linger ends. */
+		c->linger_deadline = now + ns_to_tsc(linger_ns);
+		conn_timers(c, now);
+		break;
+	case CS_CONNECTING:
+	case CS_PEER_CLOSED:
+	case CS_DEAD:
+		c->state = CS_CLOSED;
+		free_tx(c);
+		conn_detach(c);
+		break;
+	default:
+		break;
+	}
+}
+
+void
+chan_port_down(struct shim_port *p, const char *why)
+{
+	for (int i = p->n_conns - 1; i >= 0; i--)
+		if (p->conns[i]->state != CS_CONNECTING)
+			conn_kill(p->conns[i], -ENOLINK, why);
+	for (int i = 0; i < p->n_txq; i++)
+		rte_pktmbuf_free(p->txq[i]);
+	p->n_txq = 0;
+}
+
+int
+chan_port_poll(struct shim_port *p)
+{
+	struct rte_mbuf *pkts[2 * SHIM_BURST + SHIM_HOLD_MAX];
+	uint64_t now;
+	int work = 0;
+
+	if (!p->ready)
+		return 0;  /* removed or shut down: its connections are dead already */
+	now = port_clock(p);
+	port_check_link(p, now);
+	for (int round = 0; round < RX_ROUNDS; round++) {
+		uint16_t n = port_rx(p, pkts, (uint16_t)RTE_DIM(pkts));
+
+		for (uint16_t i = 0; i < n; i++) {
+			struct frame f;
+			int ret;
+
+			pkts[i] = frame_linear(p, pkts[i]);
+			if (pkts[i] == NULL) {
+				p->st.rx_malformed++;
+				continue;
+			}
+			ret = frame_parse(p, pkts[i], &f);
+
+			if (ret == 0) {
+				p->st.rx_frames++;
+				p->st.rx_bytes += rte_pktmbuf_pkt_len(pkts[i]);
+				on_frame(p, &f, now);
+				continue;
+			}
+			if (ret == -ENOENT)
+				p->st.rx_ignored++;
+			else if (ret == -EILSEQ)
+				p->st.rx_bad_crc++;
+			else
+				p->st.rx_malformed++;
+			rte_pktmbuf_free(pkts[i]);
+		}
+		work += n;
+		if (n < SHIM_BURST)
+			break;
+	}
+	for (int i = p->n_conns - 1; i >= 0; i--) {
+		struct shim_conn *c = p->conns[i];
+
+		if (c->post_left > 0 && conn_deliver(c) > 0)
+			c->last_rx_progress = now;
+		if (i < p->n_conns && p->conns[i] == c)
+			conn_timers(c, now);
+	}
+	work += port_flush(p);
+	return work;
+}

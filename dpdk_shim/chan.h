@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * The reliable message channel: one connection's state, shared by chan.c (frames in
+ * and out, acks, timers) and api.c (the blocking calls Python makes).
+ *
+ * Sequence space: every DATA frame takes one number. The sender keeps each frame
+ * (an mbuf reference) until the receiver's cumulative ack passes it, retransmits
+ * on timeout or when selective acks show a hole, and never runs past the receiver's
+ * limit (its credit: frames it has room for). The receiver stores frames by number
+ * in a ring of `window` slots, drops duplicates, acks, and copies frames in order
+ * into the buffers that the current recv call posted.
+ */
+#ifndef REMOTE_ACCEL_CHAN_H
+#define REMOTE_ACCEL_CHAN_H
+
+#include "shim_internal.h"
+
+enum conn_state {
+	CS_CONNECTING = 1,
+	CS_OPEN = 2,
+	CS_PEER_CLOSED = 3,
+	CS_DEAD = 4,
+	CS_CLOSED = 5,
+};
+
+struct tx_slot {
+	struct rte_mbuf *m;        /* our reference, for retransmission */
+	uint64_t sent;             /* tsc of the last transmission */
+	uint16_t n_tx;
+	bool sacked;
+};
+
+struct rx_slot {
+	struct rte_mbuf *m;        /* NULL: empty */
+	const uint8_t *chunk;
+	uint32_t len;
+	uint32_t msg_id;
+	uint64_t offset;
+	uint64_t msg_len;
+};
+
+/* Free callback state of one zero-copy send: the frames point into the caller's
+ * buffers until the last mbuf referring to them is freed. */
+struct zc_ref {
+	struct rte_mbuf_ext_shared_info shinfo;
+	atomic_int done;
+};
+
+struct shim_conn {
+	struct shim_port *port;
+	uint32_t id;
+	atomic_int refs;           /* Python's handle + the port's table */
+	volatile int state;
+	volatile bool closed_local;
+	bool attached;             /* in port->conns */
+	bool accepted;             /* server side: handed to shim_accept */
+	int err;                   /* -errno once dead */
+	char reason[160];
+	struct shim_conn_opts o;
+	uint32_t window, mask, chunk;
+	struct rte_ether_addr peer_mac;
+	uint32_t peer_ip;
+	uint64_t peer_timeout, ka_interval, stall, linger_deadline;
+	uint64_t hello_next;
+	/* sender */
+	uint32_t snd_una, snd_nxt, snd_limit, msg_id_tx;
+	struct tx_slot *tx;
+	uint64_t srtt, rttvar, rto; /* tsc */
+	uint64_t last_tx;
+	uint64_t last_ack_progress;
+	/* receiver */
+	uint32_t rcv_nxt, rcv_consumed, adv_limit, unacked, n_ooo;
+	uint32_t frame_off;        /* bytes of frame rcv_consumed already consumed */
+	bool ack_now;
+	uint64_t ack_due;
+	uint64_t last_rx;
+	uint32_t goodbye_seq;
+	struct rx_slot *rx;
+	bool in_msg;
+	uint32_t in_msg_id;
+	uint64_t in_len, in_off;
+	/* the buffers of the recv call in progress (NULL base: discard) */
+	const struct shim_iov *post;
+	int post_n, post_i;
+	uint64_t post_off, post_left;
+	uint64_t last_rx_progress;
+	/* accept queue */
+	struct shim_conn *accept_next;
+	int32_t group;
+	struct shim_conn_stats st;
+};
+
+static inline bool seq_lt(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
+static inline bool seq_le(uint32_t a, uint32_t b) { return (int32_t)(a - b) <= 0; }
+
+/* chan.c: all with the port lock held */
+struct shim_conn *conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o);
+void conn_attach(struct shim_port *p, struct shim_conn *c);
+void conn_unref(struct shim_conn *c);
+void conn_kill(struct shim_conn *c, int err, const char *why);
+void conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *body,
+		    uint32_t len, bool broadcast);
+uint64_t conn_deliver(struct shim_conn *c);
+bool conn_can_send(const struct shim_conn *c);
+struct rte_mbuf *conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n,
+				 int *iov_i, uint64_t *iov_off, uint64_t msg_off, uint64_t total,
+				 uint32_t msg_id, struct zc_ref *zc);
+void conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now);
+void conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns);
+void zc_init(struct zc_ref *z);
+
+/* accept queue (api.c) */
+void accept_push(struct shim_conn *c);
+
+/* engine.c: waiting with backoff */
+struct waiter {
+	uint64_t idle_since;
+	uint64_t spin;
+	bool busy;
+};
+void waiter_init(struct waiter *w, const struct shim_conn_opts *o);
+void waiter_pause(struct waiter *w, uint64_t now, bool progress);
+/* One poll of the port by an application thread; returns frames handled. */
+int app_poll(struct shim_port *p);
+
+#endif

@@ -1,0 +1,580 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Ports: setup of any ethdev that EAL args name (vdev or PCI), ring pairs, the burst
+ * wrappers (with the fault stage between protocol and PMD), stats, raw frames.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_bus_vdev.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_malloc.h>
+#include <rte_ring.h>
+
+#include "shim_internal.h"
+
+#define RX_DESC 1024
+#define TX_DESC 1024
+#define POOL_CACHE 256
+#define MAX_POOLS 4
+#define LINK_CHECK_NS 1000000ull
+/* The mbuf data room is a little larger than the biggest frame: memif's tx fast path
+ * (taken when its bsize >= our data room) copies each segment of a chain into its
+ * own descriptor and leaves stale "next" flags behind (22.11); with more room than
+ * bsize memif gathers a header + extbuf chain into one descriptor. */
+#define ROOM_SLACK 64
+
+struct shim_port shim_ports[SHIM_MAX_PORTS];
+
+static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rte_mempool *pools[MAX_POOLS];
+static uint32_t pool_room[MAX_POOLS];
+
+struct shim_port *
+port_get(uint16_t port)
+{
+	if (port >= SHIM_MAX_PORTS || !shim_ports[port].ready)
+		return NULL;
+	return &shim_ports[port];
+}
+
+/* One pool per data room size, shared by the ports that need that size. */
+struct rte_mempool *
+shim_pool_for(uint32_t max_frame, uint32_t n_mbufs)
+{
+	uint32_t room = max_frame + ROOM_SLACK + RTE_PKTMBUF_HEADROOM;
+	char name[RTE_MEMPOOL_NAMESIZE];
+	int i;
+
+	if (room > UINT16_MAX)
+		room = UINT16_MAX;
+	for (i = 0; i < MAX_POOLS && pools[i] != NULL; i++)
+		if (pool_room[i] >= room)
+			return pools[i];
+	if (i == MAX_POOLS)
+		return NULL;
+	snprintf(name, sizeof(name), "ra_pool_%u", room);
+	pools[i] = rte_pktmbuf_pool_create(name, n_mbufs ? n_mbufs : SHIM_DEFAULT_MBUFS,
+					   POOL_CACHE, 0, (uint16_t)room, (int)rte_socket_id());
+	pool_room[i] = room;
+	return pools[i];
+}
+
+static uint32_t
+default_max_frame(const struct rte_eth_dev_info *info)
+{
+	/* A PCI NIC's own maximum says nothing about the switch behind it: stay at a
+	 * standard frame unless the caller knows better (jumbo via conf->max_frame). */
+	(void)info;
+	return SHIM_MIN_FRAME;
+}
+
+int
+shim_port_setup(uint16_t port, const struct shim_port_conf *conf)
+{
+	struct rte_eth_conf ec;
+	struct rte_eth_dev_info info;
+	struct shim_port *p;
+	uint16_t nb_rxd, nb_txd;
+	int ret, socket;
+
+	if (!shim_eal_initialized())
+		return -ENODEV;
+	if (port >= SHIM_MAX_PORTS || !rte_eth_dev_is_valid_port(port))
+		return -ENODEV;
+	p = &shim_ports[port];
+	pthread_mutex_lock(&setup_lock);
+	if (p->ready) {
+		pthread_mutex_unlock(&setup_lock);
+		return 0;
+	}
+	/* The lock outlives set-ups of the same port id (a removed vdev's id is reused). */
+	{
+		pthread_mutex_t keep = p->lock;
+
+		memset(p, 0, sizeof(*p));
+		p->lock = keep;
+	}
+	p->id = port;
+	socket = rte_eth_dev_socket_id(port);
+	if (socket < 0)
+		socket = (int)rte_socket_id();
+
+	/* Device capabilities */
+	ret = rte_eth_dev_info_get(port, &info);
+	if (ret != 0)
+		goto out;
+	p->max_frame = conf && conf->max_frame ? conf->max_frame : default_max_frame(&info);
+	if (p->max_frame > UINT16_MAX - ROOM_SLACK - RTE_PKTMBUF_HEADROOM)
+		p->max_frame = UINT16_MAX - ROOM_SLACK - RTE_PKTMBUF_HEADROOM;
+	if (p->max_frame < FRAME_OVERHEAD + 64) {
+		ret = -EINVAL;
+		goto out;
+	}
+	/* Mbuf pool */
+	p->pool = shim_pool_for(RTE_MAX(p->max_frame, conf ? conf->min_room : 0),
+				conf ? conf->n_mbufs : 0);
+	if (p->pool == NULL) {
+		ret = rte_errno ? -rte_errno : -ENOMEM;
+		goto out;
+	}
+	/* Configure one RX and one TX queue; chains (header + extbuf) need MULTI_SEGS */
+	memset(&ec, 0, sizeof(ec));
+	if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
+		ec.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+	ret = rte_eth_dev_configure(port, 1, 1, &ec);
+	if (ret != 0)
+		goto out;
+	if (p->max_frame > SHIM_MIN_FRAME && info.max_mtu > RTE_ETHER_MTU &&
+	    rte_eth_dev_set_mtu(port, (uint16_t)(p->max_frame - RTE_ETHER_HDR_LEN)) != 0 &&
+	    strncmp(info.driver_name, "net_", 4) != 0)
+		p->max_frame = SHIM_MIN_FRAME;  /* a NIC that refuses jumbo frames */
+	/* Descriptor counts the device accepts */
+	nb_rxd = conf && conf->rx_desc ? conf->rx_desc : RX_DESC;
+	nb_txd = conf && conf->tx_desc ? conf->tx_desc : TX_DESC;
+	ret = rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rxd, &nb_txd);
+	if (ret != 0)
+		goto out;
+	/* Queues */
+	ret = rte_eth_rx_queue_setup(port, 0, nb_rxd, (unsigned)socket, NULL, p->pool);
+	if (ret != 0)
+		goto out;
+	ret = rte_eth_tx_queue_setup(port, 0, nb_txd, (unsigned)socket, NULL);
+	if (ret != 0)
+		goto out;
+	/* Start. A memif client whose server is not there yet fails here; it stays set
+	 * up, and shim_connect restarts it until the server answers. */
+	p->is_memif = strcmp(info.driver_name, "net_memif") == 0;
+	ret = rte_eth_dev_start(port);
+	if (ret != 0 && !p->is_memif)
+		goto out;
+	p->started = ret == 0;
+	ret = 0;
+	/* Addresses: a port without a MAC of its own gets a random local one */
+	rte_eth_macaddr_get(port, &p->mac);
+	if (rte_is_zero_ether_addr(&p->mac)) {
+		rte_eth_random_addr(p->mac.addr_bytes);
+		rte_eth_dev_default_mac_addr_set(port, &p->mac);
+	}
+	p->ip = rte_cpu_to_be_32((169u << 24) | (254u << 16) |
+				 ((uint32_t)p->mac.addr_bytes[4] << 8) | p->mac.addr_bytes[5]);
+	if (conf == NULL || conf->zero_copy < 0)
+		p->zero_copy = p->is_memif || strcmp(info.driver_name, "net_af_packet") == 0;
+	else
+		p->zero_copy = conf->zero_copy != 0;
+	p->raw = conf && conf->raw;
+	if (p->is_memif)
+		guard_init();
+	p->link_up = shim_port_link(port) == 1;
+	p->ready = true;
+	ret = engine_start();
+out:
+	pthread_mutex_unlock(&setup_lock);
+	return ret;
+}
+
+int
+shim_port_restart(uint16_t port)
+{
+	struct shim_port *p = port_get(port);
+	int ret;
+
+	if (p == NULL)
+		return -ENODEV;
+	pthread_mutex_lock(&p->lock);
+	chan_port_down(p, "port restarted");
+	ret = p->started ? rte_eth_dev_stop(port) : 0;
+	if (ret == 0)
+		ret = rte_eth_dev_start(port);
+	p->started = ret == 0;
+	p->link_up = false;
+	p->next_link_check = 0;
+	pthread_mutex_unlock(&p->lock);
+	return ret;
+}
+
+int
+shim_vdev_add(const char *name, const char *args)
+{
+	uint16_t port;
+	int ret;
+
+	if (!shim_eal_initialized())
+		return -ENODEV;
+	ret = rte_eal_hotplug_add("vdev", name, args ? args : "");
+	if (ret != 0)
+		return ret < 0 ? ret : -EINVAL;
+	ret = rte_eth_dev_get_port_by_name(name, &port);
+	return ret != 0 ? ret : port;
+}
+
+int
+shim_vdev_remove(uint16_t port)
+{
+	char name[RTE_ETH_NAME_MAX_LEN];
+	struct shim_port *p;
+	int ret;
+
+	if (port >= SHIM_MAX_PORTS || rte_eth_dev_get_name_by_port(port, name) != 0)
+		return -ENODEV;
+	p = &shim_ports[port];
+	pthread_mutex_lock(&p->lock);
+	if (p->ready) {
+		chan_port_down(p, "port removed");
+		p->ready = false;
+		if (p->started)
+			rte_eth_dev_stop(port);
+	}
+	ret = rte_eal_hotplug_remove("vdev", name);
+	pthread_mutex_unlock(&p->lock);
+	return ret;
+}
+
+int
+shim_ring_pair(const char *name, uint16_t *port_a, uint16_t *port_b)
+{
+	struct rte_ring *ab, *ba;
+	char rname[RTE_RING_NAMESIZE];
+	char pname[64];
+	int a, b;
+
+	if (!shim_eal_initialized())
+		return -ENODEV;
+	/* Each ring has one producer and one consumer port, each under its port lock. */
+	snprintf(rname, sizeof(rname), "%s_ab", name);
+	ab = rte_ring_create(rname, 2048, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
+	snprintf(rname, sizeof(rname), "%s_ba", name);
+	ba = rte_ring_create(rname, 2048, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
+	if (ab == NULL || ba == NULL)
+		return rte_errno ? -rte_errno : -ENOMEM;
+	snprintf(pname, sizeof(pname), "%s_a", name);
+	a = rte_eth_from_rings(pname, &ba, 1, &ab, 1, rte_socket_id());
+	snprintf(pname, sizeof(pname), "%s_b", name);
+	b = rte_eth_from_rings(pname, &ab, 1, &ba, 1, rte_socket_id());
+	if (a < 0 || b < 0)
+		return rte_errno ? -rte_errno : -EINVAL;
+	*port_a = (uint16_t)a;
+	*port_b = (uint16_t)b;
+	return 0;
+}
+
+uint16_t
+port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t cap)
+{
+	uint16_t n = guarded_rx(p, pkts, SHIM_BURST);
+
+	return fault_apply(&p->fault[SHIM_RX], p, pkts, n, cap);
+}
+
+static void
+txq_append(struct shim_port *p, struct rte_mbuf *m)
+{
+	if (p->n_txq == SHIM_TXQ_CAP)
+		port_flush(p);
+	if (p->n_txq == SHIM_TXQ_CAP) {
+		/* The PMD takes nothing (peer gone, ring full): drop, retransmission covers. */
+		rte_pktmbuf_free(m);
+		p->st.tx_full++;
+		return;
+	}
+	p->txq[p->n_txq++] = m;
+}
+
+void
+port_queue(struct shim_port *p, struct rte_mbuf *m)
+{
+	struct rte_mbuf *tmp[2 + SHIM_HOLD_MAX];
+	uint16_t n;
+
+	tmp[0] = m;
+	n = fault_apply(&p->fault[SHIM_TX], p, tmp, 1, RTE_DIM(tmp));
+	for (uint16_t i = 0; i < n; i++)
+		txq_append(p, tmp[i]);
+}
+
+int
+port_flush(struct shim_port *p)
+{
+	int off = 0;
+
+	/* Held frames go out behind the next new frame; without traffic, after a flush. */
+	if (p->fault[SHIM_TX].n_held && ++p->fault[SHIM_TX].idle_flushes >= 2 &&
+	    p->n_txq < SHIM_TXQ_CAP - SHIM_HOLD_MAX) {
+		struct rte_mbuf *tmp[SHIM_HOLD_MAX];
+		uint16_t n = fault_apply(&p->fault[SHIM_TX], p, tmp, 0, RTE_DIM(tmp));
+
+		for (uint16_t i = 0; i < n; i++)
+			p->txq[p->n_txq++] = tmp[i];
+	}
+	while (off < p->n_txq) {
+		uint16_t want = (uint16_t)RTE_MIN(p->n_txq - off, SHIM_BURST);
+		int k = guarded_tx(p, p->txq + off, want);
+
+		if (k < 0) {  /* the PMD faulted mid-burst: those mbufs are lost, not ours */
+			off += want;
+			break;
+		}
+		for (int i = 0; i < k; i++)
+			p->st.tx_bytes += rte_pktmbuf_pkt_len(p->txq[off + i]);
+		p->st.tx_frames += k;
+		off += k;
+		if (k < (int)want) {
+			p->st.tx_full++;
+			break;
+		}
+	}
+	if (off > 0 && off < p->n_txq)
+		memmove(p->txq, p->txq + off, sizeof(p->txq[0]) * (size_t)(p->n_txq - off));
+	p->n_txq -= off;
+	return off;
+}
+
+void
+port_check_link(struct shim_port *p, uint64_t now)
+{
+	struct rte_eth_link link;
+	bool up;
+
+	if (now < p->next_link_check)
+		return;
+	p->next_link_check = now + ns_to_tsc(LINK_CHECK_NS);
+	if (rte_eth_link_get_nowait(p->id, &link) != 0)
+		return;
+	up = link.link_status == RTE_ETH_LINK_UP;
+	if (p->link_up && !up)
+		chan_port_down(p, "link down: the peer's port went away");
+	p->link_up = up;
+}
+
+int
+shim_port_count(void)
+{
+	return shim_eal_initialized() ? (int)rte_eth_dev_count_avail() : -ENODEV;
+}
+
+int
+shim_port_name(uint16_t port, char *buf, size_t cap)
+{
+	char name[RTE_ETH_NAME_MAX_LEN];
+	int ret = rte_eth_dev_get_name_by_port(port, name);
+
+	if (ret != 0)
+		return ret;
+	snprintf(buf, cap, "%s", name);
+	return 0;
+}
+
+int
+shim_port_driver(uint16_t port, char *buf, size_t cap)
+{
+	struct rte_eth_dev_info info;
+	int ret;
+
+	if (!rte_eth_dev_is_valid_port(port))
+		return -ENODEV;
+	ret = rte_eth_dev_info_get(port, &info);
+	if (ret != 0)
+		return ret;
+	snprintf(buf, cap, "%s", info.driver_name);
+	return 0;
+}
+
+int
+shim_port_by_name(const char *name)
+{
+	uint16_t port;
+	int ret = rte_eth_dev_get_port_by_name(name, &port);
+
+	return ret != 0 ? ret : port;
+}
+
+int
+shim_port_link(uint16_t port)
+{
+	struct rte_eth_link link;
+	int ret;
+
+	if (!rte_eth_dev_is_valid_port(port))
+		return -ENODEV;
+	ret = rte_eth_link_get_nowait(port, &link);
+	if (ret != 0)
+		return ret;
+	return link.link_status == RTE_ETH_LINK_UP;
+}
+
+int
+shim_port_mac(uint16_t port, uint8_t *mac6)
+{
+	struct shim_port *p = port_get(port);
+
+	if (p == NULL)
+		return -ENODEV;
+	memcpy(mac6, p->mac.addr_bytes, 6);
+	return 0;
+}
+
+int
+shim_port_max_chunk(uint16_t port)
+{
+	struct shim_port *p = port_get(port);
+
+	if (p == NULL)
+		return -ENODEV;
+	return (int)RTE_MIN(p->max_frame - FRAME_OVERHEAD, (uint32_t)UINT16_MAX);
+}
+
+int
+shim_port_stats(uint16_t port, struct shim_port_stats *out)
+{
+	struct shim_port *p = port_get(port);
+	struct rte_eth_stats es;
+
+	if (p == NULL)
+		return -ENODEV;
+	pthread_mutex_lock(&p->lock);
+	*out = p->st;
+	pthread_mutex_unlock(&p->lock);
+	if (rte_eth_stats_get(port, &es) == 0) {
+		out->eth_ipackets = es.ipackets;
+		out->eth_opackets = es.opackets;
+		out->eth_ibytes = es.ibytes;
+		out->eth_obytes = es.obytes;
+		out->eth_imissed = es.imissed;
+		out->eth_ierrors = es.ierrors;
+		out->eth_oerrors = es.oerrors;
+		out->eth_rx_nombuf = es.rx_nombuf;
+	}
+	return 0;
+}
+
+int
+shim_port_stats_reset(uint16_t port)
+{
+	struct shim_port *p = port_get(port);
+
+	if (p == NULL)
+		return -ENODEV;
+	pthread_mutex_lock(&p->lock);
+	memset(&p->st, 0, sizeof(p->st));
+	pthread_mutex_unlock(&p->lock);
+	rte_eth_stats_reset(port);
+	return 0;
+}
+
+int
+shim_port_fault(uint16_t port, int dir, const struct shim_fault *fault)
+{
+	struct shim_port *p = port_get(port);
+
+	if (p == NULL)
+		return -ENODEV;
+	if ((dir != SHIM_RX && dir != SHIM_TX) || fault == NULL ||
+	    fault->drop < 0 || fault->drop > 1 || fault->corrupt < 0 || fault->corrupt > 1 ||
+	    fault->duplicate < 0 || fault->duplicate > 1 || fault->reorder < 0 || fault->reorder > 1)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	fault_configure(&p->fault[dir], fault);
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
+
+int
+shim_port_tx_raw(uint16_t port, const void *frame, uint32_t len, uint32_t count)
+{
+	struct shim_port *p = port_get(port);
+	uint32_t i;
+
+	if (p == NULL)
+		return -ENODEV;
+	if (count > 0 && (len == 0 || len > p->max_frame))
+		return -EMSGSIZE;
+	pthread_mutex_lock(&p->lock);
+	if (count == 0)  /* only flush, twice: frames a reorder fault held go out too */
+		port_flush(p);
+	for (i = 0; i < count; i++) {
+		struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
+
+		if (m == NULL)
+			break;
+		memcpy(rte_pktmbuf_append(m, (uint16_t)len), frame, len);
+		port_queue(p, m);
+		if (p->n_txq >= SHIM_BURST)
+			port_flush(p);
+	}
+	port_flush(p);
+	pthread_mutex_unlock(&p->lock);
+	return i == count ? (int)i : -ENOBUFS;
+}
+
+int
+shim_port_rx_raw(uint16_t port, void *buf, uint32_t stride, uint32_t *lens, uint32_t max)
+{
+	struct shim_port *p = port_get(port);
+	struct rte_mbuf *pkts[2 * SHIM_BURST + SHIM_HOLD_MAX];
+	uint32_t got = 0;
+	uint16_t n;
+
+	if (p == NULL)
+		return -ENODEV;
+	if (!p->raw)
+		return -EBUSY;  /* the protocol owns this port's RX */
+	pthread_mutex_lock(&p->lock);
+	n = port_rx(p, pkts, (uint16_t)RTE_DIM(pkts));
+	for (uint16_t i = 0; i < n; i++) {
+		struct rte_mbuf *m = pkts[i];
+
+		if (got < max) {
+			uint32_t len = RTE_MIN(rte_pktmbuf_pkt_len(m), stride);
+
+			uint8_t *dst = (uint8_t *)buf + (size_t)got * stride;
+			const void *src = rte_pktmbuf_read(m, 0, len, dst);
+
+			if (src != NULL && src != dst)
+				memcpy(dst, src, len);
+			lens[got++] = len;
+			p->st.rx_frames++;
+			p->st.rx_bytes += len;
+		}
+		rte_pktmbuf_free(m);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return (int)got;
+}
+
+static int
+cmp_ptr(const void *a, const void *b)
+{
+	uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Take every free mbuf out of the pools, count those found twice (a double free
+ * would put one there twice), put each back once. For tests. */
+int
+shim_pool_audit(void)
+{
+	int dups = 0;
+
+	for (int k = 0; k < MAX_POOLS && pools[k] != NULL; k++) {
+		struct rte_mempool *mp = pools[k];
+		unsigned int n = rte_mempool_avail_count(mp), got = 0;
+		struct rte_mbuf **all = calloc(n + 64, sizeof(*all));
+
+		if (all == NULL)
+			return -ENOMEM;
+		while (got < n + 64 && (all[got] = rte_pktmbuf_alloc(mp)) != NULL)
+			got++;
+		qsort(all, got, sizeof(*all), cmp_ptr);
+		for (unsigned int i = 1; i < got; i++)
+			if (all[i] == all[i - 1])
+				dups++;
+		for (unsigned int i = 0; i < got; i++)
+			if (i == 0 || all[i] != all[i - 1])
+				rte_pktmbuf_free(all[i]);
+		free(all);
+	}
+	return dups;
+}
