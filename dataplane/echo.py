@@ -81,7 +81,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m remote_accel.dataplane.echo", description=__doc__)
     parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
     parser.add_argument("--listen", default="127.0.0.1:0", help="TCP address (default 127.0.0.1:0, any free port)")
-    parser.add_argument("--port", type=int, default=0, help="DPDK port id (default 0)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="DPDK port id (default: every memif server interface, else every port); "
+                             "EAL options go before '--', e.g. --vdev=net_af_packet0,iface=veth1 --")
     args = parser.parse_args(argv)
     args.eal_args = eal_args or None
     logging.basicConfig(level=logging.INFO, format="echo: %(message)s", stream=sys.stderr)
