@@ -14,10 +14,12 @@
 #include "chan.h"
 
 #define ACK_DELAY_NS 50000ull          /* a lone frame is acked after this long */
-#define RTO_MIN_NS 5000000ull          /* 5 ms: pollers on 2 cores may nap 1 ms */
+#define RTO_MIN_NS 2000000ull          /* 2 ms: pollers on 2 cores may nap 1 ms */
 #define RTO_MAX_NS 250000000ull
 #define RTO_INIT_NS 20000000ull
-#define FAST_RETX_MIN_NS 100000ull     /* a hole younger than this may be reordering */
+#define RTO_BURST 4                    /* frames resent when the timer fires */
+#define DUPTHRESH 3                    /* a hole with this many frames held above it is lost */
+#define RETX_AGAIN_NS 1000000ull       /* a lost retransmission is resent after >= this */
 #define HELLO_EVERY_NS 50000000ull
 #define RESET_EVERY_NS 10000000ull
 #define GOODBYE_COPIES 3
@@ -406,8 +408,8 @@ on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now)
 	if (seq_lt(c->snd_limit, limit) && seq_le(limit, ack + c->window * 2 + 65536))
 		c->snd_limit = limit;
 	if (sack != 0 && seq_le(c->snd_una, ack)) {
-		uint32_t hi = c->snd_una;
-		uint64_t thresh = RTE_MAX(ns_to_tsc(FAST_RETX_MIN_NS), c->srtt + c->srtt / 2);
+		uint32_t hi = c->snd_una, above = 0;
+		uint64_t again = RTE_MAX(ns_to_tsc(RETX_AGAIN_NS), c->srtt);
 
 		for (uint32_t i = 0; i < 64; i++) {
 			uint32_t seq = ack + 1 + i;
@@ -419,11 +421,15 @@ on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now)
 				hi = seq;
 			}
 		}
-		/* Frames below the highest one the peer holds and not held: a hole. */
-		for (uint32_t seq = c->snd_una; seq_lt(seq, hi); seq++) {
-			struct tx_slot *s = &c->tx[seq & c->mask];
+		/* A frame not held by the peer below DUPTHRESH frames it holds is lost, not
+		 * merely late (reordering moves a frame by one or two): resend it now, and
+		 * again only after a round trip if that copy was lost too. */
+		for (uint32_t k = 0; k <= hi - c->snd_una; k++) {
+			struct tx_slot *s = &c->tx[(hi - k) & c->mask];
 
-			if (!s->sacked && now - s->sent > thresh)
+			if (s->sacked)
+				above++;
+			else if (above >= DUPTHRESH && (s->n_tx == 1 || now - s->sent > again))
 				retransmit(c, s, now);
 		}
 	}
@@ -694,7 +700,8 @@ conn_timers(struct shim_conn *c, uint64_t now)
 		struct tx_slot *s = &c->tx[c->snd_una & c->mask];
 
 		if (now - s->sent > c->rto) {
-			int budget = SHIM_BURST * 2;
+			/* Like TCP: the oldest few only; acks (and their sacks) drive the rest. */
+			int budget = RTO_BURST;
 
 			for (uint32_t seq = c->snd_una; seq != c->snd_nxt && budget > 0; seq++) {
 				struct tx_slot *t = &c->tx[seq & c->mask];
