@@ -68,17 +68,17 @@ def connect(transport: Optional[str] = "auto", server: Optional[str] = None, por
 
 
 def _dpdk_unusable(eal_args) -> Optional[str]:
-    """Why "auto" should not even try DPDK, or None."""
+    """Why "auto" should not even try DPDK, or None. Without EAL arguments DPDK means
+    the local memif server: it must be listening (checked without starting EAL)."""
     try:
-        from . import dpdk
+        from . import dpdk  # noqa: F401  (built and loadable?)
     except UnavailableError as exc:
         return str(exc)
     if eal_args:
         return None  # the caller named a device: try it
     from .eal_args import memif_socket_in_use
 
-    current = dpdk.eal_args()
-    if current is None and not memif_socket_in_use(config.default_memif_socket()):
+    if not memif_socket_in_use(config.default_memif_socket()):
         return f"no DPDK server listens on {config.default_memif_socket()}"
     return None
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import itertools
 import logging
 import os
+import struct
 import threading
 import weakref
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ if _shim_version != __version__:
 log = logging.getLogger(__name__)
 
 HEAD_CAP = 64 << 10  # first bytes of a message copied in the first call (prologue + small payloads)
+_IOV_CACHED = 16
 _PEER_GONE = {errno.EPIPE, errno.ECONNRESET, errno.EHOSTDOWN, errno.ENOLINK, errno.ETIMEDOUT,
               errno.EPROTO, errno.ENOTCONN}
 _eal_lock = threading.Lock()
@@ -206,6 +209,39 @@ def rx_raw(port: int, max_frames: int = 32, stride: int = 2048) -> list[bytes]:
     return [ffi.buffer(buf + i * stride, lens[i])[:] for i in range(n)]
 
 
+def wire_encode(msg_type: int, meta: bytes, payloads: Sequence, *, req_id: int = 0, flags: int = 0,
+                limits: wire.Limits = wire.DEFAULT_LIMITS) -> bytes:
+    """The prologue the C fast path sends (tests hold it equal to wire.encode_prologue)."""
+    w = _wire_limits(limits)
+    ptrs = [ffi.from_buffer(p) for p in payloads]
+    iov = ffi.new("struct shim_iov[]", max(len(ptrs), 1))
+    for i, ptr in enumerate(ptrs):
+        iov[i].base, iov[i].len = ptr, len(ptr)
+    cap = wire.HEADER_SIZE + 8 * len(ptrs) + len(meta)
+    buf = ffi.new("char[]", cap)
+    n = _check(lib.shim_wire_encode(w, buf, cap, msg_type, flags, req_id, bytes(meta), len(meta), iov, len(ptrs)),
+               "wire_encode")
+    return ffi.buffer(buf, n)[:]
+
+
+def wire_check(data: bytes, msg_len: int, limits: wire.Limits = wire.DEFAULT_LIMITS) -> Optional[tuple]:
+    """(type, flags, req_id, meta, lengths) if the C fast path accepts this head, else None."""
+    info = ffi.new("struct shim_msg_info *")
+    lib.shim_wire_check(_wire_limits(limits), data, len(data), msg_len, info)
+    if info.status != 0:
+        return None
+    k, plen = info.n_payloads, info.prologue_len
+    lengths = list(_lengths(k).unpack_from(data, wire.HEADER_SIZE)) if k else []
+    return info.type, info.flags, info.req_id, bytes(data[plen - info.meta_len:plen]), lengths
+
+
+def _wire_limits(limits: wire.Limits):
+    return ffi.new("struct shim_wire *", {
+        "magic0": wire.MAGIC[0], "magic1": wire.MAGIC[1], "version": wire.WIRE_VERSION,
+        "max_meta": min(limits.max_meta, 0xFFFFFFFF), "max_payloads": min(limits.max_payloads, 0xFFFFFFFF),
+        "max_payload_total": limits.max_payload_total})
+
+
 def pool_audit() -> int:
     """mbufs that sit twice in the free pools (each one a double free); 0 when sound."""
     return _check(lib.shim_pool_audit(), "pool_audit")
@@ -282,6 +318,11 @@ class ChannelOptions:
         return o
 
 
+@functools.lru_cache(maxsize=64)
+def _lengths(n: int) -> struct.Struct:
+    return struct.Struct(f"!{n}Q")
+
+
 def _byte_view(buf) -> memoryview:
     view = memoryview(buf)
     if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
@@ -302,7 +343,9 @@ class DpdkTransport(Transport):
         self._send_lock = threading.Lock()
         self._head = ffi.new("char[]", HEAD_CAP)
         self._head_view = memoryview(ffi.buffer(self._head, HEAD_CAP))
-        self._len = ffi.new("uint64_t *")
+        self._info = ffi.new("struct shim_msg_info *")
+        self._iov = ffi.new("struct shim_iov[]", _IOV_CACHED)
+        self._wire = _wire_limits(limits)
         self._finalizer = weakref.finalize(self, lib.shim_conn_free, conn)
         info = ffi.new("struct shim_conn_info *")
         lib.shim_conn_info(conn, info)
@@ -386,10 +429,23 @@ class DpdkTransport(Transport):
 
     def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0,
              flags: int = 0) -> None:
-        views = [_byte_view(p) for p in payloads]
-        prologue = wire.encode_prologue(msg_type, meta, [v.nbytes for v in views], req_id=req_id,
-                                        flags=flags, limits=self._limits)
-        self._send_raw([prologue] + [v for v in views if v.nbytes])
+        # The prologue is built in C (same bytes as wire.encode_prologue; tests check).
+        ptrs = [ffi.from_buffer(p) for p in payloads]
+        n = len(ptrs)
+        self._limits.check(len(meta), n, sum(map(len, ptrs)))
+        if not 0 <= req_id < 1 << 32:
+            raise ValueError(f"req_id {req_id} does not fit in 32 bits")
+        if type(meta) is not bytes:
+            meta = bytes(meta)
+        with self._send_lock:
+            self._check_open()
+            iov = self._iov if n <= _IOV_CACHED else ffi.new("struct shim_iov[]", n)
+            for i, ptr in enumerate(ptrs):
+                iov[i].base = ptr
+                iov[i].len = len(ptr)
+            rc = lib.shim_conn_send_msg(self._c, self._wire, msg_type, flags, req_id, meta, len(meta), iov, n)
+        if rc < 0:
+            raise self._fail(rc, "send")
 
     def _send_raw(self, pieces: list) -> None:
         """One message made of these bytes as they are (tests send malformed ones)."""
@@ -409,10 +465,20 @@ class DpdkTransport(Transport):
     def recv(self, timeout: Optional[float] = None, sink: Optional[PayloadSink] = None) -> Message:
         self._check_open()
         t = -1 if timeout is None else int(max(timeout, 0.0) * 1e9)
-        n = lib.shim_conn_recv_begin(self._c, self._head, HEAD_CAP, t, self._len)
+        info = self._info
+        n = lib.shim_conn_recv_msg(self._c, self._wire, self._head, HEAD_CAP, t, info)
         if n < 0:
             raise self._fail(n, "recv")
-        total, head = self._len[0], self._head_view
+        if info.status != 0:  # an error, or a prologue longer than the head: wire.py decides
+            return self._recv_checked(n, info.msg_len, sink)
+        head, k, plen = self._head_view, info.n_payloads, info.prologue_len
+        lengths = list(_lengths(k).unpack_from(head, wire.HEADER_SIZE)) if k else []
+        meta = bytes(head[plen - info.meta_len:plen])
+        header = wire.Header(info.type, info.flags, k, info.req_id, info.meta_len, info.payload_total, info.crc)
+        return self._recv_payloads(header, meta, lengths, plen, n, sink)
+
+    def _recv_checked(self, n: int, total: int, sink) -> Message:
+        head = self._head_view
         try:
             header = wire.decode_header(head[:n], self._limits)
             plen = wire.HEADER_SIZE + header.rest_len
@@ -425,16 +491,25 @@ class DpdkTransport(Transport):
                 rest[: n - wire.HEADER_SIZE] = head[wire.HEADER_SIZE:n]
                 self._recv_into([memoryview(rest)[n - wire.HEADER_SIZE:]])
             lengths, meta = wire.decode_rest(header, head[: wire.HEADER_SIZE], rest)
+        except ProtocolError:
+            lib.shim_conn_recv_discard(self._c)  # message-oriented: the link stays usable
+            raise
+        return self._recv_payloads(header, meta, lengths, plen, n, sink)
+
+    def _recv_payloads(self, header, meta: bytes, lengths: list, plen: int, n: int, sink) -> Message:
+        """Payloads into the sink's buffers: first what came with the head, then the rest."""
+        head = self._head_view
+        try:
             buffers = (sink or default_sink)(header, meta, lengths)
             views = [_byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
-        except (ProtocolError, ValueError):
-            lib.shim_conn_recv_discard(self._c)  # message-oriented: the link stays usable
+        except Exception:
+            lib.shim_conn_recv_discard(self._c)
             raise
         pos, todo = plen, []
         for v in views:
-            if pos < n:  # payload bytes that came with the head
+            if pos < n:
                 take = min(v.nbytes, n - pos)
                 v[:take] = head[pos:pos + take]
                 pos += take

@@ -28,8 +28,8 @@ from ..errors import ConfigError
 
 #: memif buffer size: one frame per buffer, never chained (memif 22.11 loses and
 #: duplicates frames spread over several buffers). Frames carry bsize - 98 bytes.
-MEMIF_BSIZE = 16384
-MEMIF_RSIZE = 10  # log2 of the ring: 1024 buffers each way
+#: REMOTE_ACCEL_MEMIF_BSIZE overrides it (both ends should agree; they use the smaller).
+MEMIF_BSIZE = int(os.environ.get("REMOTE_ACCEL_MEMIF_BSIZE", 16384))
 DEFAULT_CLIENT_SLOTS = 4
 NO_HUGE_MEMORY_MB = 1024
 MIN_FREE_HUGEPAGE_MB = 512
@@ -37,6 +37,11 @@ RING_PAIR_MAX_FRAME = 16384  # same mbuf pool as memif
 
 _prefix_counter = itertools.count()
 _held_locks: dict[str, int] = {}
+
+
+def memif_rsize(bsize: int) -> int:
+    """log2 of the ring: about 16 MiB of buffers each way, at least 256 of them."""
+    return max(8, min(12, ((16 << 20) // bsize).bit_length() - 1))
 
 
 def hugepages_free_mb() -> int:
@@ -100,9 +105,10 @@ def claim_memif_id(sock_path: str, slots: int) -> int:
     raise ConfigError(f"all {slots} memif client slots on {sock_path} are taken by local clients")
 
 
-def memif_vdev(index: int, role: str, if_id: int, sock_path: str, bsize: int = MEMIF_BSIZE) -> str:
+def memif_vdev(index: int, role: str, if_id: int, sock_path: str, bsize: int = 0) -> str:
+    bsize = bsize or MEMIF_BSIZE
     return (f"--vdev=net_memif{index},role={role},id={if_id},socket={sock_path},"
-            f"bsize={bsize},rsize={MEMIF_RSIZE}")
+            f"bsize={bsize},rsize={memif_rsize(bsize)}")
 
 
 def default_eal_args(role: str = "client", *, socket_path: Optional[str] = None,

@@ -1,257 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * The channel's blocking calls: connect, listen/accept, send, recv, close.
- * Each loops "poll the port, check the condition, back off" (engine.c explains
- * who polls); every loop has a deadline and watches for a local close.
+ * The channel's blocking calls on a connection: send, recv, close, and what Python
+ * reads about it. Each loops "poll the port, check the condition, back off" (engine.c
+ * explains who polls); every loop has a deadline and watches for a local close.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#include <rte_random.h>
 
 #include "chan.h"
 
-#define MAX_GROUPS 16
 #define ZC_DRAIN_NS 2000000000ull
-#define LINK_RETRY_NS 250000000ull
 
 extern atomic_bool shim_down;
-
-static pthread_mutex_t accept_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t accept_cond;
-static pthread_once_t accept_once = PTHREAD_ONCE_INIT;
-static struct shim_conn *accept_head[MAX_GROUPS], *accept_tail[MAX_GROUPS];
-static int accept_cancelled[MAX_GROUPS];
-
-static void
-accept_init(void)
-{
-	pthread_condattr_t a;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&accept_cond, &a);
-}
-
-void
-shim_conn_opts_default(struct shim_conn_opts *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->window = 256;
-	o->chunk = 0;
-	o->peer_timeout_ns = 8000000000ull;
-	o->stall_ns = 30000000000ull;
-	o->zero_copy_min = 256 * 1024;
-	o->spin_ns = 200000;
-	o->busy_poll = 0;
-	o->group = 0;
-}
-
-static uint64_t
-deadline_of(int64_t timeout_ns, uint64_t now)
-{
-	return timeout_ns < 0 ? UINT64_MAX : now + ns_to_tsc((uint64_t)timeout_ns);
-}
-
-/* The error a call gets from a connection that can carry no more. */
-static int
-conn_error(const struct shim_conn *c)
-{
-	if (c->closed_local || atomic_load(&shim_down))
-		return -ESHUTDOWN;
-	switch (c->state) {
-	case CS_OPEN:
-	case CS_CONNECTING:
-		return 0;
-	case CS_PEER_CLOSED:
-		return -EPIPE;
-	default:
-		return c->err ? c->err : -ENOTCONN;
-	}
-}
-
-/* -- connect / listen / accept ------------------------------------------------------ */
-int
-shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_ns,
-	     struct shim_conn **out)
-{
-	struct shim_port *p = port_get(port);
-	struct shim_conn_opts defaults;
-	struct shim_conn *c;
-	struct waiter w;
-	uint64_t now = rte_rdtsc(), deadline = deadline_of(timeout_ns, now), next_restart;
-	uint32_t id;
-	int rc = 0;
-
-	if (p == NULL)
-		return -ENODEV;
-	if (p->raw)
-		return -EBUSY;
-	if (opts == NULL) {
-		shim_conn_opts_default(&defaults);
-		opts = &defaults;
-	}
-	waiter_init(&w, opts);
-	/* The link first: a memif client is up once the server took its socket. A memif
-	 * client does not retry by itself (server not there yet, or gone and back, or
-	 * this interface id busy): stop and start it now and then. */
-	next_restart = p->started ? now + ns_to_tsc(LINK_RETRY_NS) : now;
-	while (shim_port_link(port) != 1) {
-		struct timespec ts = { 0, 1000000 };
-
-		now = rte_rdtsc();
-		if (now >= deadline || atomic_load(&shim_down))
-			return -ENOLINK;
-		if (p->is_memif && now >= next_restart) {
-			shim_port_restart(port);
-			next_restart = now + ns_to_tsc(LINK_RETRY_NS);
-		}
-		nanosleep(&ts, NULL);
-	}
-	do
-		id = (uint32_t)rte_rand();
-	while (id == 0);
-	pthread_mutex_lock(&p->lock);
-	if (p->n_conns >= SHIM_MAX_CONNS || (c = conn_new(p, id, opts)) == NULL) {
-		pthread_mutex_unlock(&p->lock);
-		return -ENOMEM;
-	}
-	conn_attach(p, c);
-	pthread_mutex_unlock(&p->lock);
-	atomic_fetch_add(&p->app_waiters, 1);
-	for (;;) {
-		int work = app_poll(p);
-
-		now = rte_rdtsc();
-
-		if (c->state == CS_OPEN)
-			break;
-		rc = c->state == CS_CONNECTING ? (atomic_load(&shim_down) ? -ESHUTDOWN : 0) : conn_error(c);
-		if (rc == 0 && now >= deadline)
-			rc = -ETIMEDOUT;
-		if (rc != 0)
-			break;
-		waiter_pause(&w, now, work > 0);
-	}
-	atomic_fetch_sub(&p->app_waiters, 1);
-	if (rc != 0) {
-		pthread_mutex_lock(&p->lock);
-		conn_begin_close(c, rte_rdtsc(), 0);
-		pthread_mutex_unlock(&p->lock);
-		conn_unref(c);
-		return rc;
-	}
-	*out = c;
-	return 0;
-}
-
-int
-shim_listen(uint16_t port, const struct shim_conn_opts *opts)
-{
-	struct shim_port *p = port_get(port);
-
-	if (p == NULL)
-		return -ENODEV;
-	if (p->raw)
-		return -EBUSY;
-	if (opts != NULL && (opts->group < 0 || opts->group >= MAX_GROUPS))
-		return -EINVAL;
-	pthread_once(&accept_once, accept_init);
-	pthread_mutex_lock(&p->lock);
-	if (opts != NULL)
-		p->listen_opts = *opts;
-	else
-		shim_conn_opts_default(&p->listen_opts);
-	p->listen_group = p->listen_opts.group;
-	p->listening = true;
-	pthread_mutex_unlock(&p->lock);
-	pthread_mutex_lock(&accept_lock);
-	accept_cancelled[p->listen_group] = 0;
-	pthread_mutex_unlock(&accept_lock);
-	return 0;
-}
-
-int
-shim_unlisten(uint16_t port)
-{
-	struct shim_port *p = port_get(port);
-
-	if (p == NULL)
-		return -ENODEV;
-	pthread_mutex_lock(&p->lock);
-	p->listening = false;
-	pthread_mutex_unlock(&p->lock);
-	return 0;
-}
-
-void
-accept_push(struct shim_conn *c)
-{
-	int g = c->group;
-
-	pthread_once(&accept_once, accept_init);
-	pthread_mutex_lock(&accept_lock);
-	c->accept_next = NULL;
-	if (accept_tail[g])
-		accept_tail[g]->accept_next = c;
-	else
-		accept_head[g] = c;
-	accept_tail[g] = c;
-	pthread_cond_broadcast(&accept_cond);
-	pthread_mutex_unlock(&accept_lock);
-}
-
-int
-shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
-{
-	struct timespec ts;
-	int rc = 0;
-
-	if (group < 0 || group >= MAX_GROUPS)
-		return -EINVAL;
-	pthread_once(&accept_once, accept_init);
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	if (timeout_ns >= 0) {
-		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
-
-		ts.tv_sec += (time_t)(ns / 1000000000ull);
-		ts.tv_nsec = (long)(ns % 1000000000ull);
-	}
-	pthread_mutex_lock(&accept_lock);
-	while (accept_head[group] == NULL && rc == 0) {
-		if (accept_cancelled[group] || atomic_load(&shim_down))
-			rc = -ESHUTDOWN;
-		else if (timeout_ns < 0)
-			pthread_cond_wait(&accept_cond, &accept_lock);
-		else if (pthread_cond_timedwait(&accept_cond, &accept_lock, &ts) == ETIMEDOUT)
-			rc = accept_head[group] ? 0 : -ETIMEDOUT;
-	}
-	if (rc == 0) {
-		struct shim_conn *c = accept_head[group];
-
-		accept_head[group] = c->accept_next;
-		if (accept_head[group] == NULL)
-			accept_tail[group] = NULL;
-		c->accepted = true;
-		*out = c;
-	}
-	pthread_mutex_unlock(&accept_lock);
-	return rc;
-}
-
-void
-shim_accept_cancel(int32_t group)
-{
-	if (group < 0 || group >= MAX_GROUPS)
-		return;
-	pthread_once(&accept_once, accept_init);
-	pthread_mutex_lock(&accept_lock);
-	accept_cancelled[group] = 1;
-	pthread_cond_broadcast(&accept_cond);
-	pthread_mutex_unlock(&accept_lock);
-}
 
 /* -- send ------------------------------------------------------------------------------ */
 int
@@ -284,18 +45,22 @@ shim_conn_send(struct shim_conn *c, const struct shim_iov *iov, int n)
 	}
 	waiter_init(&w, &c->o);
 	atomic_fetch_add(&p->app_waiters, 1);
-	pthread_mutex_lock(&p->lock);
-	msg_id = c->msg_id_tx++;
-	acked_at = c->last_ack_progress;
-	pthread_mutex_unlock(&p->lock);
 	progress_at = rte_rdtsc();
-	for (;;) {
+	for (int pass = 0;; pass++) {
 		uint64_t sent_before = msg_off;
-		int work;
+		int work = 0;
 
 		pthread_mutex_lock(&p->lock);
-		work = chan_port_poll(p);
-		now = p->clock;
+		if (pass == 0) {
+			/* The first pass only sends (a small message costs one lock, one burst);
+			 * acks and anything else wait for the next pass or the next poll. */
+			msg_id = c->msg_id_tx++;
+			acked_at = c->last_ack_progress;
+			now = port_clock(p);
+		} else {
+			work = chan_port_poll(p);
+			now = p->clock;
+		}
 		rc = conn_error(c);
 		while (rc == 0 && msg_off < total && conn_can_send(c) &&
 		       p->n_txq < SHIM_TXQ_CAP - SHIM_HOLD_MAX - 2) {
@@ -389,6 +154,12 @@ recv_post(struct shim_conn *c, const struct shim_iov *iov, int n)
 	c->post_off = 0;
 	c->post_left = total;
 	c->last_rx_progress = port_clock(p);
+	conn_deliver(c);  /* what already arrived needs no poll (a small message: all of it) */
+	if (c->post_left == 0) {
+		c->post = NULL;
+		pthread_mutex_unlock(&p->lock);
+		return 0;
+	}
 	pthread_mutex_unlock(&p->lock);
 	for (;;) {
 		int work;

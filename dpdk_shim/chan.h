@@ -89,10 +89,29 @@ struct shim_conn {
 	struct shim_conn_stats st;
 };
 
+/* Timing and thresholds of the protocol (see conn.c and chan.c for their why). */
+#define ACK_DELAY_NS 50000ull          /* a lone frame is acked after this long */
+#define RTO_MIN_NS 2000000ull          /* 2 ms: pollers on 2 cores may nap 1 ms */
+#define RTO_MAX_NS 250000000ull
+#define RTO_INIT_NS 20000000ull
+#define RTO_BURST 4                    /* frames resent when the timer fires */
+#define DUPTHRESH 3                    /* a hole with this many frames held above it is lost */
+#define RETX_AGAIN_NS 1000000ull       /* a lost retransmission is resent after >= this */
+#define HELLO_EVERY_NS 50000000ull
+#define RESET_EVERY_NS 10000000ull
+#define GOODBYE_COPIES 3
+#define RX_ROUNDS 4                    /* bursts per poll, to bound lock hold time */
+
 static inline bool seq_lt(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 static inline bool seq_le(uint32_t a, uint32_t b) { return (int32_t)(a - b) <= 0; }
 
-/* chan.c: all with the port lock held */
+/* conn.c and chan.c: all with the port lock held */
+void conn_detach(struct shim_conn *c);
+void free_tx(struct shim_conn *c);
+void send_reset(struct shim_port *p, const struct frame *f, uint32_t id, uint64_t now);
+void hello_body_fill(const struct shim_conn *c, struct hello_body *b);
+void retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now);
+void on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now);
 struct shim_conn *conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o);
 void conn_attach(struct shim_port *p, struct shim_conn *c);
 void conn_unref(struct shim_conn *c);
@@ -108,7 +127,32 @@ void conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now);
 void conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns);
 void zc_init(struct zc_ref *z);
 
-/* accept queue (api.c) */
+extern atomic_bool shim_down;
+
+static inline uint64_t
+deadline_of(int64_t timeout_ns, uint64_t now)
+{
+	return timeout_ns < 0 ? UINT64_MAX : now + ns_to_tsc((uint64_t)timeout_ns);
+}
+
+/* The error a call gets from a connection that can carry no more. */
+static inline int
+conn_error(const struct shim_conn *c)
+{
+	if (c->closed_local || atomic_load(&shim_down))
+		return -ESHUTDOWN;
+	switch (c->state) {
+	case CS_OPEN:
+	case CS_CONNECTING:
+		return 0;
+	case CS_PEER_CLOSED:
+		return -EPIPE;
+	default:
+		return c->err ? c->err : -ENOTCONN;
+	}
+}
+
+/* accept queue (connect.c) */
 void accept_push(struct shim_conn *c);
 
 /* engine.c: waiting with backoff */

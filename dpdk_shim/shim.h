@@ -177,4 +177,43 @@ int shim_conn_stats(struct shim_conn *c, struct shim_conn_stats *out);
 /* Why the connection died, as text ("" while it is alive). */
 int shim_conn_reason(struct shim_conn *c, char *buf, size_t cap);
 
+/* -- the message prologue of dataplane/wire.py, for the fast path ------------------ */
+#define SHIM_WIRE_HEADER 28
+
+/* What wire.py says: its magic, version and the receiver's limits. */
+struct shim_wire {
+	uint8_t magic0, magic1, version;
+	uint32_t max_meta;
+	uint32_t max_payloads;
+	uint64_t max_payload_total;
+};
+
+/* A checked prologue; status 0: valid (lengths follow the header in the head buffer,
+ * meta after them), 1: let wire.py look (an error, or a prologue beyond the head). */
+struct shim_msg_info {
+	uint8_t type;
+	uint16_t flags;
+	uint16_t n_payloads;
+	uint32_t req_id;
+	uint32_t meta_len;
+	uint64_t payload_total;
+	uint32_t crc;
+	uint32_t prologue_len;
+	uint64_t msg_len;
+	int32_t status;
+};
+
+/* Header + lengths (of the payload iovs) + meta into buf; returns its length. */
+int64_t shim_wire_encode(const struct shim_wire *w, void *buf, uint64_t cap, uint8_t type,
+			 uint16_t flags, uint32_t req_id, const char *meta, uint32_t meta_len,
+			 const struct shim_iov *payloads, int n);
+int shim_wire_check(const struct shim_wire *w, const void *buf, uint64_t len, uint64_t msg_len,
+		    struct shim_msg_info *out);
+/* send: the prologue built here, then the payloads; recv: recv_begin + wire check. */
+int shim_conn_send_msg(struct shim_conn *c, const struct shim_wire *w, uint8_t type, uint16_t flags,
+		       uint32_t req_id, const char *meta, uint32_t meta_len,
+		       const struct shim_iov *payloads, int n);
+int64_t shim_conn_recv_msg(struct shim_conn *c, const struct shim_wire *w, void *head, uint64_t cap,
+			   int64_t timeout_ns, struct shim_msg_info *out);
+
 #endif

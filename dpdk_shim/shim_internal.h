@@ -144,6 +144,7 @@ int port_flush(struct shim_port *p);
 uint16_t port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t n);
 void port_check_link(struct shim_port *p, uint64_t now);
 struct rte_mempool *shim_pool_for(uint32_t max_frame, uint32_t n_mbufs);
+struct rte_mempool *shim_pool_at(int i);  /* NULL past the last pool */
 
 /* guard.c: bursts that survive memif unmapping its regions under them */
 void guard_init(void);

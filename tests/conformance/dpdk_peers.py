@@ -85,13 +85,17 @@ def _memif_peer() -> Peer:
     dpdk, h = _dpdk(), _helpers()
     runtime = tempfile.mkdtemp(prefix="ra-memif-")
     proc = h.start_echo([], runtime)
-    port = h.memif_client_port(os.path.join(runtime, "memif.sock"))
+    try:
+        port = h.memif_client_port(os.path.join(runtime, "memif.sock"))
 
-    def connect():
-        return dpdk.DpdkTransport.connect(port, timeout=20)
+        def connect():
+            return dpdk.DpdkTransport.connect(port, timeout=20)
 
-    peer = Peer("dpdk-memif", connect(), kill=lambda: proc.send_signal(signal.SIGKILL),
-                inject_garbage=_garbage_injector(dpdk, connect), reconnect=connect, dead_peer_timeout_s=2.0)
+        peer = Peer("dpdk-memif", connect(), kill=lambda: proc.send_signal(signal.SIGKILL),
+                    inject_garbage=_garbage_injector(dpdk, connect), reconnect=connect, dead_peer_timeout_s=2.0)
+    except BaseException:
+        h.stop(proc)
+        raise
     peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port)]
     return peer
 
@@ -109,16 +113,20 @@ def _af_packet_peer() -> Peer:
     runtime = tempfile.mkdtemp(prefix="ra-afp-")
     proc = h.start_echo([f"--vdev=net_af_packet0,iface={veth.there},{h.AF_PACKET_OPTS}"], runtime,
                         netns=veth.netns)
-    name = f"net_af_packet_t{os.getpid()}_{len(_veth)}"
-    _veth[name] = True
-    port = dpdk.add_vdev(name, f"iface={veth.here},{h.AF_PACKET_OPTS}")
-    options = dpdk.ChannelOptions(peer_timeout=3.0)  # no link signal here: keepalives tell
+    try:
+        name = f"net_af_packet_t{os.getpid()}_{len(_veth)}"
+        _veth[name] = True
+        port = dpdk.add_vdev(name, f"iface={veth.here},{h.AF_PACKET_OPTS}")
+        options = dpdk.ChannelOptions(peer_timeout=3.0)  # no link signal here: keepalives tell
 
-    def connect():
-        return dpdk.DpdkTransport.connect(port, timeout=20, options=options)
+        def connect():
+            return dpdk.DpdkTransport.connect(port, timeout=20, options=options)
 
-    peer = Peer("dpdk-af_packet", connect(), kill=lambda: proc.send_signal(signal.SIGKILL),
-                inject_garbage=_garbage_injector(dpdk, connect), reconnect=connect, dead_peer_timeout_s=3.0)
+        peer = Peer("dpdk-af_packet", connect(), kill=lambda: proc.send_signal(signal.SIGKILL),
+                    inject_garbage=_garbage_injector(dpdk, connect), reconnect=connect, dead_peer_timeout_s=3.0)
+    except BaseException:
+        h.stop(proc)
+        raise
     peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port)]
     return peer
 

@@ -1,0 +1,189 @@
+"""Data plane benchmark: bulk GB/s and small-message round trips, side by side, for
+memcpy of the same buffer (the limit), DPDK memif between two processes, and TCP
+loopback between two processes.
+
+    python benchmarks/bench_dataplane.py                  # defaults: 64 MiB x 32, 20000 round trips
+    python benchmarks/bench_dataplane.py --busy-poll      # both ends spin (lowest latency, 2 cores busy)
+    python benchmarks/bench_dataplane.py --json
+
+The far end is this script in peer mode (`--peer tcp|dpdk`), in another process: it
+receives bulk messages into one reused buffer (so page faults of fresh memory do not
+count) and answers ECHO at once. This is a benchmark, not a test: numbers depend on
+the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MIB = 1 << 20
+ECHO, ECHO_REPLY, SINK = 64, 65, 66
+
+
+# -- the far end ---------------------------------------------------------------------
+def peer_main(kind: str, busy: bool, size: int) -> int:
+    """Serve one client: SINK into a reused buffer, ECHO answered with the same payloads."""
+    buf = np.empty(size, np.uint8)
+
+    def sink(header, meta, lengths):
+        if header.type == SINK and len(lengths) == 1 and lengths[0] <= size:
+            return [buf[: lengths[0]]]
+        return [np.empty(n, np.uint8) for n in lengths]
+
+    if kind == "tcp":
+        from remote_accel.dataplane.tcp import TcpListener
+
+        listener = TcpListener("127.0.0.1", 0)
+    else:
+        from remote_accel.dataplane import dpdk
+
+        listener = dpdk.DpdkListener(options=dpdk.ChannelOptions(busy_poll=busy))
+    print(f"READY {listener.address}", flush=True)
+    t = listener.accept(timeout=120)
+    try:
+        while True:
+            msg = t.recv(sink=sink)
+            if msg.type == ECHO:
+                t.send(ECHO_REPLY, msg.meta, msg.payloads, req_id=msg.req_id)
+            elif msg.type != SINK:
+                break
+    except Exception:  # the client went away: done
+        pass
+    t.close()
+    listener.close()
+    return 0
+
+
+def start_peer(kind: str, busy: bool, size: int, runtime: str) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
+    cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size)]
+    if busy:
+        cmd.append("--busy-poll")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"{kind} peer did not start: {line!r}")
+    return proc, line.split()[1]
+
+
+# -- measurements ----------------------------------------------------------------------
+def bench_memcpy(size: int, count: int) -> dict:
+    src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    started = time.perf_counter()
+    for _ in range(count):
+        np.copyto(dst, src)
+    secs = time.perf_counter() - started
+    return {"bulk_gbps": size * count / secs / 1e9, "rtt_p50_us": None, "rtt_p99_us": None}
+
+
+def bench_transport(t, size: int, count: int, rtts: int, small: int) -> dict:
+    data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    t.send(SINK, b"", [data])  # warm up both ends (buffers, page faults)
+    t.send(ECHO, b"sync", [])
+    t.recv(timeout=120)
+    started = time.perf_counter()
+    for _ in range(count):
+        t.send(SINK, b"", [data])
+    t.send(ECHO, b"sync", [])  # answered after every SINK before it was taken
+    t.recv(timeout=300)
+    secs = time.perf_counter() - started
+    payload = [np.zeros(small, np.uint8)]
+    for _ in range(min(1000, rtts)):  # warm-up round trips
+        t.send(ECHO, b"", payload)
+        t.recv(timeout=60)
+    samples = np.empty(rtts, np.int64)
+    for i in range(rtts):
+        t0 = time.perf_counter_ns()
+        t.send(ECHO, b"", payload)
+        t.recv(timeout=60)
+        samples[i] = time.perf_counter_ns() - t0
+    return {"bulk_gbps": size * count / secs / 1e9,
+            "rtt_p50_us": float(np.percentile(samples, 50)) / 1e3,
+            "rtt_p99_us": float(np.percentile(samples, 99)) / 1e3}
+
+
+def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
+    from remote_accel.dataplane import dpdk
+
+    proc, _ = start_peer("dpdk", args.busy_poll, args.size, runtime)
+    try:
+        dpdk.ensure_eal(None, role="local")
+        from remote_accel.dataplane.eal_args import MEMIF_BSIZE, memif_rsize
+
+        port = dpdk.add_vdev("net_memif_bench", f"role=client,id=0,socket={runtime}/memif.sock,"
+                                                f"bsize={MEMIF_BSIZE},rsize={memif_rsize(MEMIF_BSIZE)}")
+        t = dpdk.DpdkTransport.connect(port, timeout=60, options=dpdk.ChannelOptions(busy_poll=args.busy_poll))
+        result = bench_transport(t, args.size, args.count, args.rtts, args.small)
+        stats = t.stats()
+        t.send(0, b"", [])  # not ECHO or SINK: the peer ends
+        t.close()
+    finally:
+        proc.wait(30)
+    return result, stats
+
+
+def run_tcp(args, runtime: str) -> dict:
+    from remote_accel.dataplane.tcp import TcpTransport
+
+    proc, address = start_peer("tcp", False, args.size, runtime)
+    try:
+        _, host, port = address.split(":")
+        t = TcpTransport.connect(host, int(port))
+        result = bench_transport(t, args.size, args.count, args.rtts, args.small)
+        t.send(0, b"", [])
+        t.close()
+    finally:
+        proc.wait(30)
+    return result
+
+
+def table(rows: dict, small: int) -> str:
+    memcpy, tcp = rows["memcpy"]["bulk_gbps"], rows["tcp loopback"]["bulk_gbps"]
+    out = [f"{'':16} {'bulk GB/s':>10} {'x TCP':>7} {'% memcpy':>9} {'RTT p50 us':>11} {'RTT p99 us':>11}"]
+    for name, r in rows.items():
+        p50 = f"{r['rtt_p50_us']:.1f}" if r["rtt_p50_us"] is not None else "-"
+        p99 = f"{r['rtt_p99_us']:.1f}" if r["rtt_p99_us"] is not None else "-"
+        out.append(f"{name:16} {r['bulk_gbps']:10.2f} {r['bulk_gbps'] / tcp:7.2f} "
+                   f"{100 * r['bulk_gbps'] / memcpy:8.0f}% {p50:>11} {p99:>11}")
+    out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply)")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=64 * MIB, help="bulk message bytes (default 64 MiB)")
+    p.add_argument("--count", type=int, default=32, help="bulk messages per transport (default 32)")
+    p.add_argument("--rtts", type=int, default=20000, help="round trips measured (default 20000)")
+    p.add_argument("--small", type=int, default=64, help="round-trip payload bytes (default 64)")
+    p.add_argument("--busy-poll", action="store_true", help="DPDK ends never nap (burns both cores)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer:
+        return peer_main(args.peer, args.busy_poll, args.size)
+    rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
+    with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
+        rows["dpdk memif"], dpdk_stats = run_dpdk(args, runtime)
+        rows["tcp loopback"] = run_tcp(args, runtime)
+    if args.json:
+        print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "args": vars(args)}, indent=2))
+    else:
+        print(table(rows, args.small))
+        print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
+              f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

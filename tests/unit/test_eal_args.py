@@ -1,0 +1,103 @@
+"""EAL command lines: defaults per role, the user's options winning, memif slots."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from remote_accel.dataplane import eal_args as ea
+from remote_accel.errors import ConfigError
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_ACCEL_RUNTIME_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_client_defaults(runtime):
+    args = ea.default_eal_args("client", hugepages=False)
+    assert "--no-pci" in args and "--no-huge" in args and "--in-memory" not in args
+    assert "--lcores=0@(0,1)" in args
+    assert any(a.startswith("--file-prefix=ra") for a in args)
+    vdevs = ea.vdev_options(args)
+    (name, opts), = vdevs.items()
+    assert name == "net_memif0" and opts["role"] == "client" and opts["id"] == "0"
+    assert opts["socket"] == str(runtime / "memif.sock") and int(opts["bsize"]) == ea.MEMIF_BSIZE
+
+
+def test_server_defaults_one_interface_per_slot(runtime):
+    args = ea.default_eal_args("server", hugepages=True, slots=3)
+    assert "--in-memory" in args and "--no-huge" not in args
+    vdevs = ea.vdev_options(args)
+    assert sorted(v["id"] for v in vdevs.values()) == ["0", "1", "2"]
+    assert all(v["role"] == "server" for v in vdevs.values())
+
+
+def test_local_has_no_device_and_prefixes_differ(runtime):
+    a, b = ea.default_eal_args("local"), ea.default_eal_args("local")
+    assert ea.vdev_options(a) == {}
+    prefix = [x for x in a if x.startswith("--file-prefix")]
+    assert prefix and prefix != [x for x in b if x.startswith("--file-prefix")]
+    with pytest.raises(ConfigError):
+        ea.default_eal_args("router")
+
+
+@pytest.mark.parametrize("user, gone, kept", [
+    (["--vdev=net_ring0"], ["net_memif0"], ["--no-pci"]),
+    (["-a", "0000:01:00.0"], ["net_memif0", "--no-pci"], []),
+    (["--no-huge", "-m", "256"], ["--in-memory"], ["--no-pci"]),
+    (["-l", "1"], ["--lcores=0@(0,1)"], []),
+    (["--file-prefix=mine"], [], ["--file-prefix=mine"]),
+])
+def test_user_arguments_replace_conflicting_defaults(runtime, user, gone, kept):
+    merged = ea.merge_eal_args(ea.default_eal_args("client", hugepages=True), user)
+    text = " ".join(merged)
+    for g in gone:
+        assert g not in text
+    for k in kept:
+        assert k in text
+    for u in user:
+        assert u in merged or any(m.endswith(u) for m in merged)
+    assert len([m for m in merged if m.startswith("--file-prefix")]) == 1
+
+
+def test_memif_slots_are_claimed_per_process(runtime):
+    sock = str(runtime / "memif.sock")
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from remote_accel.dataplane import eal_args as ea;"
+                               f"print(ea.claim_memif_id({sock!r}, 4), flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "0"
+        mine = ea.claim_memif_id(sock, 4)
+        assert mine == 1 and ea.claim_memif_id(sock, 4) == 1  # this process keeps its slot
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+
+
+def test_stale_memif_socket_is_removed_live_one_is_reported(runtime):
+    path = str(runtime / "memif.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(path)
+    s.listen(1)
+    assert ea.memif_socket_in_use(path)
+    with pytest.raises(ConfigError, match="already listens"):
+        ea.default_eal_args("server")
+    s.close()  # the file stays behind, like a server that died
+    assert os.path.exists(path) and not ea.memif_socket_in_use(path)
+    assert not os.path.exists(path)
+
+
+def test_frame_sizes_from_vdev_arguments():
+    args = ["x", "--vdev=net_memif0,bsize=9216", "--vdev=net_af_packet0,iface=lo,framesz=4096"]
+    assert ea.port_frame_sizes("net_memif0", "net_memif", args) == (9216, 0)
+    frame, room = ea.port_frame_sizes("net_af_packet0", "net_af_packet", args)
+    assert frame == 4096 - 96 and room == 4096  # lo's MTU is larger than the frame
+    assert ea.port_frame_sizes("0000:01:00.0", "net_ice", args) == (1514, 0)
+    assert ea.memif_rsize(16384) == 10 and ea.memif_rsize(65000) == 8
