@@ -123,7 +123,9 @@ def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
 
         port = dpdk.add_vdev("net_memif_bench", f"role=client,id=0,socket={runtime}/memif.sock,"
                                                 f"bsize={MEMIF_BSIZE},rsize={memif_rsize(MEMIF_BSIZE)}")
-        t = dpdk.DpdkTransport.connect(port, timeout=60, options=dpdk.ChannelOptions(busy_poll=args.busy_poll))
+        options = dpdk.ChannelOptions(busy_poll=args.busy_poll,
+                                      zero_copy_min=(1 << 62) if args.no_zero_copy else (256 << 10))
+        t = dpdk.DpdkTransport.connect(port, timeout=60, options=options)
         result = bench_transport(t, args.size, args.count, args.rtts, args.small)
         stats = t.stats()
         t.send(0, b"", [])  # not ECHO or SINK: the peer ends
@@ -167,6 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--rtts", type=int, default=20000, help="round trips measured (default 20000)")
     p.add_argument("--small", type=int, default=64, help="round-trip payload bytes (default 64)")
     p.add_argument("--busy-poll", action="store_true", help="DPDK ends never nap (burns both cores)")
+    p.add_argument("--no-zero-copy", action="store_true", help="DPDK sends copy payloads into mbufs")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)

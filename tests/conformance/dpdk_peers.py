@@ -108,7 +108,10 @@ def _af_packet_peer() -> Peer:
     if not h.netns_available():
         pytest.skip("af_packet over veth needs root and network namespaces")
     if "pair" not in _veth:
+        import atexit
+
         _veth["pair"] = h.VethPair(f"rac{os.getpid() % 10000}")
+        atexit.register(_veth["pair"].close)  # after the session: no namespaces left behind
     veth = _veth["pair"]
     runtime = tempfile.mkdtemp(prefix="ra-afp-")
     proc = h.start_echo([f"--vdev=net_af_packet0,iface={veth.there},{h.AF_PACKET_OPTS}"], runtime,

@@ -261,3 +261,24 @@ def test_pinned_buffers(eal):
     base = x.base
     pool.put(x)
     assert pool.get(6000).base is base  # same size class, reused
+
+
+@pytest.mark.parametrize("faulthandler_on", [False, True])
+def test_memif_guard_does_not_hide_other_crashes(tmp_path, faulthandler_on):
+    """The SIGSEGV guard around memif bursts must hand every other fault on (a real
+    crash stays a crash, with faulthandler's traceback when it is enabled)."""
+    code = (
+        "import ctypes, faulthandler, sys\n"
+        f"{'faulthandler.enable()' if faulthandler_on else ''}\n"
+        "from remote_accel.dataplane import dpdk\n"
+        "dpdk.eal_init(role='local')\n"
+        f"p = dpdk.add_vdev('net_memif_g', 'role=server,id=0,socket={tmp_path}/g.sock')\n"
+        "dpdk.setup_port(p)  # installs the guard\n"
+        "print('armed', flush=True)\n"
+        "ctypes.string_at(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "armed" in out.stdout
+    assert out.returncode == -11, (out.returncode, out.stderr[-500:])
+    if faulthandler_on:
+        assert "Segmentation fault" in out.stderr
