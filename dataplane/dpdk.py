@@ -13,6 +13,7 @@ crosses into C once per message (and once more for large ones), with the GIL rel
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
 import functools
 import itertools
@@ -29,7 +30,9 @@ from ..errors import (DpdkError, MessageTooLarge, PeerGone, ProtocolError, Trans
                       TransportTimeout, UnavailableError)
 from . import eal_args as _eal_args
 from . import wire
-from .transport import Listener, Message, PayloadSink, Transport, default_sink
+import numpy as np
+
+from .transport import Listener, Message, PayloadSink, Transport
 
 INSTALL_HINT = ("install DPDK (apt-get install dpdk dpdk-dev libdpdk-dev) and rebuild "
                 "remote_accel (pip install --no-build-isolation -e . , or scripts/dev-build.sh)")
@@ -156,8 +159,8 @@ def port_driver(port: int) -> str:
 def setup_port(port: int, *, max_frame: Optional[int] = None, raw: bool = False,
                zero_copy: Optional[bool] = None, n_mbufs: int = 0) -> None:
     """Configure and start a port (again: nothing). max_frame None: from its vdev args."""
-    if port < 0 or port >= max(port_count(), 1) + 64:
-        raise dpdk_error(errno.ENODEV, f"no DPDK port {port}")
+    if not 0 <= port < 1024 or lib.shim_port_link(port) == -errno.ENODEV:
+        raise dpdk_error(errno.ENODEV, f"no DPDK port {port} (EAL arguments: {' '.join(eal_args() or [])})")
     conf = ffi.new("struct shim_port_conf *")
     args = (eal_args() or []) + [f"--vdev={n},{a}" for n, a in _added_vdevs.items()]
     frame, conf.min_room = _eal_args.port_frame_sizes(port_name(port), port_driver(port), args)
@@ -323,6 +326,19 @@ def _lengths(n: int) -> struct.Struct:
     return struct.Struct(f"!{n}Q")
 
 
+def _header(type_, flags, n_payloads, req_id, meta_len, payload_total, crc) -> wire.Header:
+    """wire.Header(...) at half the cost: a frozen dataclass's __init__ goes through
+    object.__setattr__ per field; setting __dict__ at once makes the same object."""
+    h = _new(wire.Header)
+    _set(h, "__dict__", {"type": type_, "flags": flags, "n_payloads": n_payloads, "req_id": req_id,
+                         "meta_len": meta_len, "payload_total": payload_total, "crc": crc})
+    return h
+
+
+_new, _set = object.__new__, object.__setattr__
+assert [f.name for f in dataclasses.fields(wire.Header)] == list(_header(*range(7)).__dict__)
+
+
 def _byte_view(buf) -> memoryview:
     view = memoryview(buf)
     if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
@@ -474,7 +490,7 @@ class DpdkTransport(Transport):
         head, k, plen = self._head_view, info.n_payloads, info.prologue_len
         lengths = list(_lengths(k).unpack_from(head, wire.HEADER_SIZE)) if k else []
         meta = bytes(head[plen - info.meta_len:plen])
-        header = wire.Header(info.type, info.flags, k, info.req_id, info.meta_len, info.payload_total, info.crc)
+        header = _header(info.type, info.flags, k, info.req_id, info.meta_len, info.payload_total, info.crc)
         return self._recv_payloads(header, meta, lengths, plen, n, sink)
 
     def _recv_checked(self, n: int, total: int, sink) -> Message:
@@ -500,11 +516,13 @@ class DpdkTransport(Transport):
         """Payloads into the sink's buffers: first what came with the head, then the rest."""
         head = self._head_view
         try:
-            buffers = (sink or default_sink)(header, meta, lengths)
+            buffers = sink(header, meta, lengths) if sink else [np.empty(m, np.uint8) for m in lengths]
             views = [_byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
-        except Exception:
+            if any(v.readonly for v in views):
+                raise ValueError("payload sink returned read-only buffers")
+        except Exception:  # the message is dropped whole: the link stays usable
             lib.shim_conn_recv_discard(self._c)
             raise
         pos, todo = plen, []
