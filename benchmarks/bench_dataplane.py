@@ -29,12 +29,13 @@ ECHO, ECHO_REPLY, SINK = 64, 65, 66
 
 
 # -- the far end ---------------------------------------------------------------------
-def peer_main(kind: str, busy: bool, size: int) -> int:
-    """Serve one client: SINK into a reused buffer, ECHO answered with the same payloads."""
+def peer_main(kind: str, busy: bool, size: int, fresh: bool) -> int:
+    """Serve one client: SINK into a reused buffer (a fresh one each time with --fresh),
+    ECHO answered with the same payloads."""
     buf = np.empty(size, np.uint8)
 
     def sink(header, meta, lengths):
-        if header.type == SINK and len(lengths) == 1 and lengths[0] <= size:
+        if header.type == SINK and len(lengths) == 1 and lengths[0] <= size and not fresh:
             return [buf[: lengths[0]]]
         return [np.empty(n, np.uint8) for n in lengths]
 
@@ -62,11 +63,14 @@ def peer_main(kind: str, busy: bool, size: int) -> int:
     return 0
 
 
-def start_peer(kind: str, busy: bool, size: int, runtime: str) -> tuple[subprocess.Popen, str]:
+def start_peer(kind: str, busy: bool, size: int, runtime: str,
+               fresh: bool = False) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
     cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size)]
     if busy:
         cmd.append("--busy-poll")
+    if fresh:
+        cmd.append("--fresh")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line.startswith("READY "):
@@ -116,7 +120,7 @@ def bench_transport(t, size: int, count: int, rtts: int, small: int) -> dict:
 def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
     from remote_accel.dataplane import dpdk
 
-    proc, _ = start_peer("dpdk", args.busy_poll, args.size, runtime)
+    proc, _ = start_peer("dpdk", args.busy_poll, args.size, runtime, args.fresh)
     try:
         dpdk.ensure_eal(None, role="local")
         from remote_accel.dataplane.eal_args import MEMIF_BSIZE, memif_rsize
@@ -138,7 +142,7 @@ def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
 def run_tcp(args, runtime: str) -> dict:
     from remote_accel.dataplane.tcp import TcpTransport
 
-    proc, address = start_peer("tcp", False, args.size, runtime)
+    proc, address = start_peer("tcp", False, args.size, runtime, args.fresh)
     try:
         _, host, port = address.split(":")
         t = TcpTransport.connect(host, int(port))
@@ -170,11 +174,13 @@ def main(argv=None) -> int:
     p.add_argument("--small", type=int, default=64, help="round-trip payload bytes (default 64)")
     p.add_argument("--busy-poll", action="store_true", help="DPDK ends never nap (burns both cores)")
     p.add_argument("--no-zero-copy", action="store_true", help="DPDK sends copy payloads into mbufs")
+    p.add_argument("--fresh", action="store_true",
+                   help="the receiver takes each bulk message into a new buffer (page faults count)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return peer_main(args.peer, args.busy_poll, args.size)
+        return peer_main(args.peer, args.busy_poll, args.size, args.fresh)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
         rows["dpdk memif"], dpdk_stats = run_dpdk(args, runtime)
@@ -184,7 +190,8 @@ def main(argv=None) -> int:
     else:
         print(table(rows, args.small))
         print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
-              f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}")
+              f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "
+              f"receiver buffers: {'fresh' if args.fresh else 'reused'}")
     return 0
 
 

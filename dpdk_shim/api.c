@@ -281,6 +281,10 @@ shim_conn_close(struct shim_conn *c, int64_t linger_ns)
 {
 	struct shim_port *p = c->port;
 
+	if (atomic_load(&shim_down)) {  /* ports are closed: nothing may touch them */
+		c->closed_local = true;
+		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	if (!c->closed_local)
 		conn_begin_close(c, rte_rdtsc(), linger_ns < 0 ? 0 : (uint64_t)linger_ns);
