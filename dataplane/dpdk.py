@@ -555,7 +555,10 @@ class DpdkTransport(Transport):
         st = ffi.new("struct shim_conn_stats *")
         lib.shim_conn_stats(self._c, st)
         out = {f: getattr(st, f) for f, _ in ffi.typeof("struct shim_conn_stats").fields}
-        out.update({f"port_{k}": v for k, v in port_stats(self._port).items()})
+        try:
+            out.update({f"port_{k}": v for k, v in port_stats(self._port).items()})
+        except DpdkError:
+            pass  # the port is gone (pair() removes its ring ports once both ends closed)
         return out
 
 
