@@ -427,6 +427,7 @@ class DpdkTransport(Transport):
 
     def _fail(self, rc: int, op: str):
         """The exception for a failed channel call (the transport is closed for PeerGone)."""
+        _drain_log()  # what DPDK said about it (memif disconnects, ...) goes to logging
         err = -rc
         if err == errno.ESHUTDOWN:
             return TransportClosed(f"transport to {self.peer} was closed")
