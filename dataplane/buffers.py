@@ -4,7 +4,7 @@ memory) seen from Python as numpy arrays or CPU tensors, without copies.
 Sending such a buffer attaches it to mbufs as external buffers (no copy on our side);
 receiving into one (`pinned_sink`) lets the transport write frames straight into it.
 
-    arr = pinned_empty(1 << 20)                  # numpy uint8, writable
+    arr = pinned_empty(1 << 20)                  # numpy uint8, writable (EAL must run)
     t = as_tensor(arr, torch.float32)            # shares the memory
     msg = transport.recv(sink=pinned_sink())     # payloads land in pinned memory
 """

@@ -25,13 +25,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .._version import __version__
-from ..errors import (DpdkError, MessageTooLarge, PeerGone, ProtocolError, TransportClosed,
-                      TransportTimeout, UnavailableError)
-from . import eal_args as _eal_args
-from . import wire
 import numpy as np
 
+from .._version import __version__
+from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, TransportTimeout, UnavailableError
+from . import eal_args as _eal_args
+from . import wire
+from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
 from .transport import Listener, Message, PayloadSink, Transport
 
 INSTALL_HINT = ("install DPDK (apt-get install dpdk dpdk-dev libdpdk-dev) and rebuild "
@@ -265,9 +265,12 @@ def crc32c(data, value: int = 0) -> int:
 # -- pinned memory -----------------------------------------------------------------------
 def pinned_buffer(nbytes: int, align: int = 4096) -> memoryview:
     """`nbytes` of DPDK heap memory (hugepages where EAL has them) as a writable
-    memoryview, without copying; freed when the last view of it goes. Starts EAL with
-    client defaults if nothing started it yet."""
-    ensure_eal(None, role="client")
+    memoryview, without copying; freed when the last view of it goes. EAL must run
+    (a transport or listener started it, or eal_init): which role it takes is not
+    for a buffer to decide."""
+    if eal_args() is None:
+        raise dpdk_error(errno.ENODEV, "pinned buffers live in DPDK memory: open a DPDK transport "
+                         "or listener (or call dpdk.eal_init) first")
     ptr = lib.shim_mem_alloc(max(nbytes, 1), align)
     if ptr == ffi.NULL:
         raise dpdk_error(errno.ENOMEM, f"cannot allocate {nbytes} bytes of DPDK memory "
@@ -277,7 +280,7 @@ def pinned_buffer(nbytes: int, align: int = 4096) -> memoryview:
 
 
 def is_pinned(buf) -> bool:
-    """True if `buf` starts in DPDK memory (such payloads can always go out zero-copy)."""
+    """True if `buf` starts in DPDK memory (hugepages where EAL has them)."""
     return bool(lib.shim_mem_is_dpdk(ffi.from_buffer(buf)))
 
 
