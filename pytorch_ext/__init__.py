@@ -1,0 +1,9 @@
+"""The remote_accel device: a PrivateUse1 backend whose tensors live on a remote server.
+
+`remote_accel.init()` renames PrivateUse1 to "remote_accel", registers `torch.remote_accel`
+and the tensor methods, installs the boxed fallback (fallback.py) and connects.
+"""
+
+from .runtime import init, is_initialized, shutdown
+
+__all__ = ["init", "is_initialized", "shutdown"]

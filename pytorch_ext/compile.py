@@ -1,0 +1,126 @@
+"""`torch.compile(model, backend="remote_accel")`: one message per graph call.
+
+AOTAutograd hands us the forward and backward aten graphs. Each graph is sent to the
+server once (RunGraph with its nodes); later calls send only the graph id, the input
+references and where to put the outputs, so a compiled training step costs one message
+for the forward and one for the backward instead of one per op.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+import torch
+import torch.fx
+
+from ..dataplane import messages as m
+from ..dataplane import torch_values as tv
+from ..dataplane.codec import Ext
+from . import handles, runtime
+
+_graph_ids = itertools.count(1)
+
+
+class GraphProgram:
+    """An FX graph as wire values, with the results' metadata fixed at compile time."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs):
+        self.graph_id = next(_graph_ids)
+        self.sent_to: set = set()
+        slot: dict = {}
+        n_inputs = 0
+        nodes = []
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                slot[node] = n_inputs
+                n_inputs += 1
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is operator.getitem:
+                # element j of a multi-result node: named (i, j), no node of its own
+                slot[node] = (slot[node.args[0]], node.args[1])
+            elif node.op == "call_function":
+                slot[node] = n_inputs + len(nodes)
+                nodes.append(self._encode_node(node, slot))
+            elif node.op == "output":
+                self.outputs = tuple(self._ref(v, slot) for v in node.args[0])
+            elif node.op != "placeholder":
+                raise NotImplementedError(f"remote_accel graphs cannot hold {node.op} nodes")
+        self.nodes = tuple(nodes)
+        self.n_inputs = n_inputs
+        # result layouts: the graph run on meta copies of the example inputs
+        meta_inputs = [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
+            for t in example_inputs
+        ]
+        with torch.no_grad():
+            meta_out = gm(*meta_inputs)
+        self.out_specs = tuple(
+            (tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor) else None for t in meta_out
+        )
+
+    @staticmethod
+    def _ref(value, slot):
+        if isinstance(value, torch.fx.Node):
+            return Ext(tv.GRAPH_VALUE, slot[value])
+        if isinstance(value, (list, tuple)):
+            return type(value)(GraphProgram._ref(v, slot) for v in value)
+        return tv.encode_value(value, _no_constants)
+
+    def _encode_node(self, node, slot):
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            raise NotImplementedError(f"remote_accel graphs run aten ops only, not {target}")
+        name = target._schema.name
+        if target._overloadname != "default":
+            name += "." + target._overloadname
+        args = tuple(self._ref(a, slot) for a in node.args)
+        kwargs = {k: self._ref(v, slot) for k, v in node.kwargs.items()}
+        return (name, args, kwargs)
+
+    def __call__(self, *inputs):
+        device = next(t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "remote_accel")
+        index = device.index or 0
+        session = runtime.session(index)
+        handles.flush_frees(index)
+        refs = tuple(handles.tensor_ref(t, index) if isinstance(t, torch.Tensor) else t for t in inputs)
+        results, outs = [], []
+        for spec in self.out_specs:
+            if spec is None:
+                results.append(None)
+                outs.append(None)
+                continue
+            t = torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=device)
+            results.append(t)
+            outs.append(handles.tensor_ref(t, index))
+        first = index not in self.sent_to
+        session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self.outputs, tuple(outs)))
+        self.sent_to.add(index)
+        return results
+
+
+def _no_constants(t):
+    raise NotImplementedError("tensor constants inside a compiled graph are not supported")
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs):
+    program = GraphProgram(gm, example_inputs)
+
+    def run(*args):
+        return program(*args)
+
+    run._boxed_call = False
+    return run
+
+
+def backend():
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_compile, bw_compiler=_compile)
+
+
+def register_backend() -> None:
+    from torch._dynamo import list_backends, register_backend as register
+
+    if "remote_accel" not in list_backends(exclude_tags=()):
+        register(name="remote_accel")(backend())

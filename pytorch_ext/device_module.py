@@ -1,0 +1,166 @@
+"""`torch.remote_accel`: the device module, mirroring `torch.cuda` where it makes sense.
+
+Memory figures are the server's (one round trip each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import runtime
+from ._native import load
+
+_C = load()
+
+
+def is_available() -> bool:
+    return runtime.is_initialized()
+
+
+def is_initialized() -> bool:
+    return runtime.is_initialized()
+
+
+def device_count() -> int:
+    return len(runtime.sessions())
+
+
+def current_device() -> int:
+    return _C.current_device()
+
+
+def set_device(device) -> None:
+    index = _index(device)
+    if index >= 0:
+        _C.set_device(index)
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if device is None:
+        return -1
+    if device.type != "remote_accel":
+        raise ValueError(f"expected a remote_accel device, got {device}")
+    return device.index if device.index is not None else current_device()
+
+
+class device(contextlib.ContextDecorator):
+    """Context manager that changes the current remote_accel device."""
+
+    def __init__(self, device):
+        self.index = _index(device)
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = current_device()
+        if self.index >= 0:
+            _C.set_device(self.index)
+        return self
+
+    def __exit__(self, *exc):
+        if self.index >= 0:
+            _C.set_device(self.previous)
+        return False
+
+
+def synchronize(device=None) -> None:
+    """Wait until the server finished every op sent so far; raise the first error."""
+    index = _index(device)
+    runtime.session(current_device() if index < 0 else index).sync()
+
+
+# -- random numbers ------------------------------------------------------------------------------
+def _generator(index: int) -> torch.Generator:
+    return _C.default_generator(current_device() if index < 0 else index)
+
+
+def manual_seed(seed: int) -> None:
+    if is_available():
+        _generator(-1).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        _C.default_generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    if is_available():
+        _generator(-1).seed()
+
+
+def seed_all() -> None:
+    for i in range(device_count()):
+        _C.default_generator(i).seed()
+
+
+def initial_seed() -> int:
+    return _generator(-1).initial_seed()
+
+
+def get_rng_state(device="remote_accel") -> torch.Tensor:
+    """The server generator's state (as on CUDA, a uint8 CPU tensor)."""
+    from .handles import generator_ref
+
+    index = _index(device)
+    index = current_device() if index < 0 else index
+    state = runtime.session(index).rng("get", generator_ref(None, index))
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else torch.empty(0, dtype=torch.uint8)
+
+
+def set_rng_state(new_state: torch.Tensor, device="remote_accel") -> None:
+    from .handles import generator_ref
+
+    index = _index(device)
+    index = current_device() if index < 0 else index
+    runtime.session(index).rng("set", generator_ref(None, index), bytes(new_state.contiguous().numpy().tobytes()))
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
+
+
+# -- memory ------------------------------------------------------------------------------------------
+def _stats(device) -> dict:
+    index = _index(device)
+    return runtime.session(current_device() if index < 0 else index).stats()
+
+
+def memory_allocated(device=None) -> int:
+    return int(_stats(device).get("memory_allocated", 0))
+
+
+def max_memory_allocated(device=None) -> int:
+    return int(_stats(device).get("max_memory_allocated", 0))
+
+
+def memory_stats(device=None) -> dict:
+    return dict(_stats(device))
+
+
+def empty_cache() -> None:
+    for s in runtime.sessions():
+        s.empty_cache()
+
+
+def get_device_name(device=None) -> str:
+    index = _index(device)
+    return runtime.session(current_device() if index < 0 else index).welcome.device
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def _is_in_bad_fork() -> bool:
+    return False

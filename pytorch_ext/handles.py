@@ -1,0 +1,74 @@
+"""Remote tensors as the server sees them: storage ids, references, announcements.
+
+A remote tensor is an ordinary torch.Tensor whose storage came from the C++ allocator:
+the storage's id names the server-side storage, and (size, stride, storage_offset,
+dtype, conj/neg bits) rebuild the exact view there. A storage is announced to the
+server (ALLOC) the first time an op uses it, and freed when the C++ deleter reports it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dataplane import torch_values as tv
+from ..dataplane.codec import Ext
+from . import runtime
+from ._native import load
+
+_C = load()
+#: per device index: storage ids the server knows about
+_announced: dict[int, set] = {}
+
+
+def device_index(t: torch.Tensor) -> int:
+    return t.device.index or 0
+
+
+def flush_frees(index: int) -> None:
+    freed = _C.drain_freed(index)
+    if freed:
+        known = _announced.setdefault(index, set())
+        gone = [sid for sid in freed if sid in known]
+        known.difference_update(gone)
+        if gone and runtime.is_initialized():
+            session = runtime.session(index)
+            if session.alive:
+                session.free(gone)
+
+
+def announce(t: torch.Tensor, index: int) -> int:
+    """The tensor's storage id, sending ALLOC first if the server has not seen it."""
+    sid = _C.storage_id(t)
+    if sid:
+        known = _announced.setdefault(index, set())
+        if sid not in known:
+            runtime.session(index).alloc(sid, t.untyped_storage().nbytes())
+            known.add(sid)
+    return sid
+
+
+def forget_device(index: int) -> None:
+    _announced.pop(index, None)
+
+
+def tensor_ref(t: torch.Tensor, index: int) -> Ext:
+    """The wire reference of a tensor argument (remote storage, or a small CPU value)."""
+    if t.device.type == "cpu":
+        return tv.inline_cpu_tensor(t)
+    if t.device.type != "remote_accel":
+        raise RuntimeError(f"remote_accel cannot mix in a tensor on {t.device}")
+    if device_index(t) != index:
+        raise RuntimeError(f"expected all tensors on remote_accel:{index}, found one on {t.device}")
+    sid = announce(t, index)
+    flags = (tv.FLAG_CONJ if t.is_conj() else 0) | (tv.FLAG_NEG if t.is_neg() else 0)
+    return Ext(tv.TENSOR, (sid, tv.dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()), t.storage_offset(), flags))
+
+
+def generator_ref(gen: torch.Generator | None, index: int) -> Ext:
+    default = _C.default_generator(index)
+    if gen is None:
+        gen = default
+    gen_id, seed, epoch = _C.generator_info(gen)
+    # id 0 is the server's session-default stream, which also drives ops that take no
+    # generator argument (native_dropout): manual_seed must reach those too
+    return Ext(tv.GENERATOR, (0 if gen_id == _C.generator_info(default)[0] else gen_id, seed, epoch))

@@ -1,0 +1,195 @@
+"""Result shapes without the server: run the op on `meta` tensors, cache the answer.
+
+`infer(op, args, kwargs)` returns a Plan describing each result (an argument itself for
+in-place/out= ops, a view of an argument, or a fresh tensor with exact shape, strides
+and dtype), or None when the results depend on data or the op has no meta kernel.
+Meta inference costs 100 us to 1 ms, so plans are cached per (op, argument metadata).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+#: Ops whose result shapes or values depend on tensor data: always a round trip.
+DATA_DEPENDENT = frozenset({
+    "aten::nonzero", "aten::masked_select", "aten::unique_consecutive", "aten::unique_dim",
+    "aten::_unique", "aten::_unique2", "aten::unique_dim_consecutive", "aten::_local_scalar_dense",
+    "aten::equal", "aten::is_nonzero", "aten::bincount", "aten::repeat_interleave",
+    "aten::_assert_async", "aten::_assert_async.msg", "aten::histc", "aten::allclose",
+})
+
+_CACHE_LIMIT = 1 << 16
+_cache: dict = {}
+
+
+@dataclass(frozen=True)
+class Plan:
+    results: tuple
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What the fallback needs from an op's schema, computed once per op."""
+
+    arg_names: tuple  # all arguments, in schema order
+    kwarg_only: frozenset
+    alias_of: tuple  # per return: the argument locator it aliases, or None
+    writes: tuple  # per return: True for in-place / out= results
+    kinds: tuple  # per return: "tensor", "list", "optional", "other"
+    generator_arg: Optional[tuple]  # locator of a Generator? argument
+
+
+@functools.lru_cache(maxsize=None)
+def schema_of(op) -> _Schema:
+    schema = op._schema
+    names, kw_only, alias_sets, generator = [], set(), {}, None
+    for i, a in enumerate(schema.arguments):
+        names.append(a.name)
+        locator = ("kw", a.name) if a.kwarg_only else ("pos", i, a.name)
+        if a.kwarg_only:
+            kw_only.add(a.name)
+        if a.alias_info is not None:
+            for s in a.alias_info.before_set:
+                alias_sets.setdefault(s, locator)
+        if "Generator" in str(a.type):
+            generator = locator
+    alias_of, writes, kinds = [], [], []
+    for r in schema.returns:
+        info = r.alias_info
+        target = None
+        if info is not None:
+            for s in info.before_set:
+                target = alias_sets.get(s, target)
+        alias_of.append(target)
+        writes.append(bool(info and info.is_write))
+        text = str(r.type)
+        kinds.append("list" if text.startswith("List[Tensor]") or text == "Tensor[]" else
+                     "optional" if text in ("Optional[Tensor]", "Tensor?") else
+                     "tensor" if text == "Tensor" else "other")
+    return _Schema(tuple(names), frozenset(kw_only), tuple(alias_of), tuple(writes), tuple(kinds), generator)
+
+
+def argument(args, kwargs, locator):
+    if locator[0] == "kw":
+        return kwargs.get(locator[1])
+    _, i, name = locator
+    return args[i] if i < len(args) else kwargs.get(name)
+
+
+def takes_generator(op) -> Optional[tuple]:
+    return schema_of(op).generator_arg
+
+
+def count_tensor_returns(op) -> int:
+    """Upper bound on tensor results of a data-dependent op (lists count as many)."""
+    s = schema_of(op)
+    return sum(64 if k == "list" else 1 for k in s.kinds if k != "other") if s.kinds else 0
+
+
+def pack_results(op, results: list):
+    n = len(op._schema.returns)
+    if n == 0:
+        return None
+    if n == 1:
+        return results[0]
+    return tuple(results)
+
+
+# -- inference ---------------------------------------------------------------------------------
+def _signature(value) -> Any:
+    """A hashable description of an argument, enough to determine result metadata."""
+    if isinstance(value, torch.Tensor):
+        return ("T", value.dtype, tuple(value.shape), tuple(value.stride()), value.device.type == "cpu",
+                value.is_conj(), value.is_neg())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(_signature(v) for v in value)
+    if isinstance(value, torch.Generator):
+        return "G"
+    if isinstance(value, torch.device):
+        return ("D", value.type)
+    hash(value)
+    return (type(value).__name__, value)
+
+
+def _to_meta(value):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and value.dim() == 0:
+            return value  # CPU scalars mix with device tensors, as on CUDA
+        t = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        if value.is_conj():
+            t = t._conj()
+        if value.is_neg():
+            t = torch._neg_view(t)
+        return t.requires_grad_(False)
+    if isinstance(value, torch.device) and value.type == "remote_accel":
+        return torch.device("meta")
+    if isinstance(value, torch.Generator):
+        return None  # meta kernels ignore generators
+    return value
+
+
+def infer(op, args, kwargs) -> Optional[Plan]:
+    name = op._schema.name
+    if name in DATA_DEPENDENT or f"{name}.{op._overloadname}" in DATA_DEPENDENT:
+        return None
+    schema = schema_of(op)
+    if "other" in schema.kinds:
+        return None
+    try:
+        key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+    except TypeError:  # an unhashable argument: infer without caching
+        key = None
+    plan = _cache.get(key) if key is not None else None
+    if plan is None:
+        plan = _infer(op, schema, args, kwargs)
+        if key is not None and plan is not None:
+            if len(_cache) >= _CACHE_LIMIT:
+                _cache.clear()
+            _cache[key] = plan
+    return plan
+
+
+def _infer(op, schema: _Schema, args, kwargs) -> Optional[Plan]:
+    meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
+    try:
+        with torch.no_grad():
+            out = op(*meta_args, **meta_kwargs)
+    except NotImplementedError:
+        return None  # no meta kernel: let the server tell us
+    except RuntimeError as exc:
+        text = str(exc)
+        if "meta" in text.lower() or "data-dependent" in text or "Data dependent" in text:
+            return None
+        raise  # a genuine user error (shape mismatch, bad dtype): raise it at the op, like eager
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(schema.kinds) == 0:
+        outs = ()
+    specs = []
+    for i, (kind, value) in enumerate(zip(schema.kinds, outs)):
+        target = schema.alias_of[i]
+        if target is not None and schema.writes[i]:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+            specs.append(("arg", target, shape))
+        elif target is not None and kind == "tensor":
+            specs.append(("view", target, tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype))
+        elif target is not None and kind == "list":  # split-like: views of an argument
+            specs.append(("list", tuple(("view", target, tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
+                                        for v in value)))
+        elif kind == "list":
+            specs.append(("list", tuple(_fresh(v) for v in value)))
+        elif kind == "optional" and value is None:
+            specs.append(("none",))
+        else:
+            specs.append(_fresh(value))
+    return Plan(tuple(specs))
+
+
+def _fresh(value) -> tuple:
+    if value is None:
+        return ("none",)
+    return ("tensor", tuple(value.shape), tuple(value.stride()), value.dtype)

@@ -1,0 +1,138 @@
+"""Process-wide client state: `init()`, `shutdown()`, and the session of each device index.
+
+Settings come from the explicit arguments, then the environment (REMOTE_ACCEL_SERVER,
+REMOTE_ACCEL_TRANSPORT, REMOTE_ACCEL_TOKEN, REMOTE_ACCEL_EAL_ARGS), then defaults:
+transport "auto" (DPDK when it can reach a local server, else TCP, saying why in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import threading
+from typing import Optional, Sequence
+
+from .. import config
+from ..errors import ConfigError, RemoteAccelError
+from .session import Session
+
+log = logging.getLogger("remote_accel")
+
+_lock = threading.Lock()
+_sessions: list[Session] = []
+
+
+def init(
+    transport: Optional[str] = None,
+    port: int = 0,
+    server: Optional[str] = None,
+    eal_args: Optional[Sequence[str] | str] = None,
+    token: Optional[str] = None,
+    timeout: float = config.DEFAULT_TIMEOUT_S,
+    *,
+    servers: Optional[Sequence[str]] = None,
+) -> None:
+    """Connect to the remote_accel server(s); afterwards device="remote_accel" works.
+
+    transport: "dpdk", "tcp" or "auto" (default: $REMOTE_ACCEL_TRANSPORT, else "auto").
+    port: the DPDK port id (0: the default memif port to a server on this host).
+    server: "host:port" of a TCP server (default: $REMOTE_ACCEL_SERVER, else 127.0.0.1:18515).
+    servers: several "host:port" servers, which become remote_accel:0, remote_accel:1, ...
+    eal_args: DPDK EAL arguments (list or one string; default: $REMOTE_ACCEL_EAL_ARGS, else
+      a memif client of the local server's default socket).
+    token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
+      local server wrote).
+    timeout: seconds a sync point waits for the server before raising RemoteAccelError.
+    """
+    from . import _register
+
+    _register.register_device()
+    transport = (transport or os.environ.get(config.ENV_TRANSPORT) or "auto").lower()
+    if transport not in ("auto", "tcp", "dpdk"):
+        raise ConfigError(f"transport must be 'dpdk', 'tcp' or 'auto', not {transport!r}")
+    if isinstance(eal_args, str):
+        eal_args = shlex.split(eal_args)
+    if eal_args is None and os.environ.get(config.ENV_EAL_ARGS):
+        eal_args = shlex.split(os.environ[config.ENV_EAL_ARGS])
+    if servers is None:
+        env_server = os.environ.get(config.ENV_SERVER)
+        servers = [server or env_server] if (server or env_server) else [None]
+    if timeout <= 0:
+        raise ConfigError("timeout must be positive")
+    token = token if token is not None else _default_token()
+
+    with _lock:
+        if _sessions:
+            raise RemoteAccelError("remote_accel is already initialised; call remote_accel.shutdown() first")
+        made: list[Session] = []
+        try:
+            for address in servers:
+                link = _connect(transport, address, port, eal_args, timeout)
+                made.append(Session(link, token=token, timeout=timeout))
+                log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
+        except BaseException:
+            for s in made:
+                s.close()
+            raise
+        _sessions.extend(made)
+        _register.set_device_count(len(_sessions))
+
+
+def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float):
+    try:
+        from ..dataplane import connect as dataplane_connect
+    except ImportError:  # built without the DPDK data plane
+        dataplane_connect = None
+    if dataplane_connect is not None:
+        return dataplane_connect.connect(transport, server=address, port=port, eal_args=eal_args, timeout=timeout)
+    from ..dataplane.tcp import TcpTransport
+
+    host, tcp_port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
+    return TcpTransport.connect(host, tcp_port, timeout=timeout)
+
+
+def _default_token() -> str:
+    token = os.environ.get(config.ENV_TOKEN)
+    if token:
+        return token
+    try:
+        with open(config.default_token_file()) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def shutdown() -> None:
+    """Flush, say goodbye to every server and forget them. Remote tensors become invalid."""
+    from . import _register
+
+    with _lock:
+        sessions = list(_sessions)
+        _sessions.clear()
+    for s in sessions:
+        try:
+            s.close()
+        except RemoteAccelError as exc:
+            log.warning("shutdown: %s", exc)
+    if sessions:
+        _register.set_device_count(0)
+
+
+def is_initialized() -> bool:
+    return bool(_sessions)
+
+
+def session(index: int) -> Session:
+    try:
+        return _sessions[index]
+    except IndexError:
+        if not _sessions:
+            raise RemoteAccelError(
+                "remote_accel is not initialised: call remote_accel.init(transport=..., ...) first"
+            ) from None
+        raise RemoteAccelError(f"remote_accel:{index} does not exist ({len(_sessions)} device(s))") from None
+
+
+def sessions() -> list[Session]:
+    return list(_sessions)

@@ -1,0 +1,227 @@
+"""A client's session with one server: batching one-way requests, and the sync points.
+
+Ops, allocations, frees and small uploads are one-way: they are queued and leave in
+Batch messages, so the client never waits for them. Only sync points wait for a reply
+(`sync`, `read`, `run_with_reply`, `stats`, `rng`): each one first flushes the queue,
+and the server reports at that moment the first error of any earlier one-way request.
+A server that dies or does not answer within `timeout` makes that call, and every later
+one, raise RemoteAccelError: no hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Optional, Sequence
+
+from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
+                      RemoteOutOfMemoryError, TransportError, TransportTimeout)
+from .._version import WIRE_VERSION
+from ..dataplane import messages as m
+from ..dataplane.transport import Transport, default_sink
+from ..dataplane.wire import MsgType
+
+log = logging.getLogger(__name__)
+
+#: Queue limits: a batch leaves when it holds this many requests or payload bytes.
+MAX_BATCH_ITEMS = 256
+MAX_BATCH_PAYLOAD = 1 << 20
+#: Uploads at least this large travel as their own WRITE message (no batching copy).
+LARGE_WRITE = 256 << 10
+HEARTBEAT_S = 2.0
+
+
+class Session:
+    """One connection to one server (one remote_accel device index)."""
+
+    def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = ""):
+        self.transport = transport
+        self.timeout = timeout
+        self._req_ids = itertools.count(1)
+        self._lock = threading.RLock()  # sync calls and flushes; RLock: flush inside sync
+        self._items: list = []
+        self._payloads: list = []
+        self._payload_bytes = 0
+        self._dead: Optional[RemoteAccelError] = None
+        self._last_send = time.monotonic()
+        self.counters = {"batches": 0, "ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
+        client = name or f"{socket.gethostname()} pid {os.getpid()}"
+        reply = self._call(m.Hello(token, client, WIRE_VERSION), m.Welcome)
+        self.welcome: m.Welcome = reply
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # -- one-way requests ------------------------------------------------------------------
+    def alloc(self, sid: int, nbytes: int) -> None:
+        self._queue(m.AllocStorage(sid, nbytes))
+
+    def free(self, sids: Sequence[int]) -> None:
+        if sids:
+            self._queue(m.FreeStorage(tuple(sids)))
+
+    def run(self, op: str, args: tuple, kwargs: dict, outs: tuple) -> None:
+        self.counters["ops"] += 1
+        self._queue(m.RunOp(op, args, kwargs, outs))
+
+    def write(self, sid: int, offset: int, data) -> None:
+        """Upload `data` (any buffer) into storage `sid` at byte `offset`.
+
+        Small uploads are copied into the batch (the caller may reuse its buffer at once);
+        large ones are sent before this returns, without a copy.
+        """
+        view = memoryview(data).cast("B")
+        self.counters["bytes_up"] += view.nbytes
+        if view.nbytes >= LARGE_WRITE:
+            with self._lock:
+                self.flush()
+                self._send(m.WriteStorage(sid, offset, view.nbytes), [view])
+        else:
+            self._queue(m.WriteStorage(sid, offset, view.nbytes), bytes(view))
+
+    def _queue(self, msg, payload: Optional[bytes] = None) -> None:
+        with self._lock:
+            self._check_alive()
+            self._items.append(m.batch_item(msg))
+            if payload is not None:
+                self._payloads.append(payload)
+                self._payload_bytes += len(payload)
+            if len(self._items) >= MAX_BATCH_ITEMS or self._payload_bytes >= MAX_BATCH_PAYLOAD:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send every queued request now (without waiting for anything)."""
+        with self._lock:
+            if not self._items:
+                return
+            items, payloads = tuple(self._items), self._payloads
+            self._items, self._payloads, self._payload_bytes = [], [], 0
+            self.counters["batches"] += 1
+            self._send(m.Batch(items), payloads)
+
+    # -- sync points ---------------------------------------------------------------------------
+    def sync(self) -> int:
+        """Wait until the server ran everything sent so far; raise its first error."""
+        return self._call(m.Sync(), m.SyncOk).ops_done
+
+    def read(self, sid: int, offset: int, nbytes: int, out=None):
+        """Download bytes of a storage into `out` (a writable buffer) or a new buffer."""
+        def sink(header, meta, lengths):
+            # an error reply carries no payload: only a Data of the asked size lands in `out`
+            return [out] if lengths == [nbytes] else default_sink(header, meta, lengths)
+
+
+        reply = self._call(m.ReadStorage(sid, offset, nbytes), m.Data, sink=None if out is None else sink)
+        self.counters["bytes_down"] += nbytes
+        return reply.payloads[0]
+
+    def run_with_reply(self, op: str, args: tuple, kwargs: dict, out_sids: tuple) -> tuple:
+        """Run an op whose result shapes depend on data; returns the results' metadata."""
+        self.counters["ops"] += 1
+        return self._call(m.RunOp(op, args, kwargs, out_sids, True), m.RunReply).results
+
+    def stats(self) -> dict:
+        return self._call(m.Stats(), m.StatsReply).values
+
+    def rng(self, action: str, generator, state: bytes = b"") -> bytes:
+        return self._call(m.Rng(action, generator, state), m.RngReply).state
+
+    def empty_cache(self) -> None:
+        self._queue_message(m.EmptyCache())  # not allowed inside a Batch
+
+    def run_graph(self, msg: m.RunGraph) -> None:
+        self._queue_message(msg)
+
+    def _queue_message(self, msg) -> None:
+        with self._lock:
+            self.flush()
+            self._send(msg, [])
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {self._dead}")
+
+    def _fail(self, exc: Exception) -> RemoteAccelError:
+        if self._dead is None:
+            self._dead = exc if isinstance(exc, RemoteAccelError) else RemoteAccelError(str(exc))
+            self._stop.set()
+            self.transport.close()
+        return RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {exc}")
+
+    def _send(self, msg, payloads, req_id: int = 0) -> None:
+        self._check_alive()
+        try:
+            self.transport.send(msg.TYPE, m.encode(msg), payloads, req_id=req_id)
+        except TransportError as exc:
+            raise self._fail(exc) from exc
+        self._last_send = time.monotonic()
+
+    def _call(self, msg, reply_cls, sink=None):
+        """Flush, send `msg`, wait for its reply (skipping heartbeat answers)."""
+        with self._lock:
+            self.flush()
+            req_id = next(self._req_ids) & 0xFFFFFFFF
+            self._send(msg, [], req_id=req_id)
+            self.counters["round_trips"] += 1
+            deadline = time.monotonic() + self.timeout
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise TransportTimeout(f"no answer within {self.timeout:g} s")
+                    reply = self.transport.recv(timeout=left, sink=sink)
+                except (TransportError, TransportTimeout, ProtocolError) as exc:
+                    raise self._fail(exc) from exc
+                if reply.type == MsgType.PONG:
+                    continue
+                if reply.req_id != req_id:
+                    raise self._fail(ProtocolError(f"reply {reply.req_id} does not answer request {req_id}"))
+                decoded = m.decode(reply.type, reply.meta)
+                if isinstance(decoded, m.ErrorReply):
+                    raise _remote_error(decoded)
+                if not isinstance(decoded, reply_cls):
+                    raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
+                if reply_cls is m.Data:
+                    return reply
+                return decoded
+
+    def _heartbeat_loop(self) -> None:
+        """Keep the server from reaping an idle session (it frees silent clients' memory)."""
+        nonce = 0
+        while not self._stop.wait(HEARTBEAT_S / 2):
+            if time.monotonic() - self._last_send < HEARTBEAT_S:
+                continue
+            nonce += 1
+            try:
+                self.transport.send(MsgType.PING, m.encode(m.Ping(nonce)))
+                self._last_send = time.monotonic()
+            except (TransportError, PeerGone):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._dead is None:
+            try:
+                with self._lock:
+                    self.flush()
+                    self._send(m.Goodbye(), [])
+            except RemoteAccelError:
+                pass
+        self.transport.close()
+
+
+def _remote_error(reply: m.ErrorReply) -> RemoteAccelError:
+    cls = {"oom": RemoteOutOfMemoryError, "auth": AuthError}.get(reply.kind, RemoteOpError)
+    exc = cls(f"remote_accel server: {reply.message}")
+    if reply.trace:
+        exc.add_note("server traceback:\n" + reply.trace)
+    return exc

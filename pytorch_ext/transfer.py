@@ -1,0 +1,153 @@
+"""Ops that move data between the host and the server, or between servers.
+
+Uploads (`.to("remote_accel")`, copy_ from CPU) are queued like any op and never wait.
+Downloads (`.cpu()`, `.item()`) are sync points: one round trip, straight into the
+destination's memory when its layout allows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import handles, runtime
+
+_C = handles._C
+
+
+def _is_remote(t: torch.Tensor) -> bool:
+    return t.device.type == "remote_accel"
+
+
+def _plain_contiguous(t: torch.Tensor) -> bool:
+    """True when the tensor's bytes are one dense run in its storage, with no lazy bits."""
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, without copying."""
+    flat = t.reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(bytearray())
+
+
+def upload(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """CPU `src` -> remote `dst` (dst's dtype, broadcast like copy_)."""
+    index = handles.device_index(dst)
+    session = runtime.session(index)
+    data = src.expand_as(dst).to(dst.dtype).resolve_conj().resolve_neg().contiguous()
+    if _plain_contiguous(dst):
+        sid = handles.announce(dst, index)
+        if data.numel():
+            session.write(sid, dst.storage_offset() * dst.element_size(), _byte_view(data))
+        return
+    # a strided or lazily-conjugated destination: upload dense, then copy on the server
+    staging = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+    upload(data, staging)
+    dst.copy_(staging)
+
+
+def download(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Remote `src` -> CPU `dst`: one round trip."""
+    index = handles.device_index(src)
+    session = runtime.session(index)
+    if not _plain_contiguous(src):
+        src = src.resolve_conj().resolve_neg().contiguous()  # runs on the server
+    sid = handles.announce(src, index)
+    direct = dst.dtype == src.dtype and tuple(dst.shape) == tuple(src.shape) and _plain_contiguous(dst)
+    target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
+    nbytes = src.numel() * src.element_size()
+    if nbytes:
+        session.read(sid, src.storage_offset() * src.element_size(), nbytes, out=_byte_view(target))
+    else:
+        session.sync()  # still a sync point: pending errors surface here
+    if not direct:
+        dst.copy_(target)
+
+
+def copy_between(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if _is_remote(dst) and _is_remote(src):
+        if src.device == dst.device:
+            from .fallback import run_op
+
+            run_op(torch.ops.aten.copy_.default, (dst, src, non_blocking), {})
+        else:  # two servers: through this host
+            staging = torch.empty(src.shape, dtype=src.dtype)
+            download(src, staging)
+            upload(staging, dst)
+    elif _is_remote(dst):
+        upload(src, dst)
+    elif _is_remote(src):
+        download(src, dst)
+    else:
+        dst.copy_(src)
+    return dst
+
+
+def _copy_from(op, args, kwargs):
+    src, dst = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    return copy_between(src, dst, non_blocking)
+
+
+def _copy_from_and_resize(op, args, kwargs):
+    src, dst = args[0], args[1]
+    if tuple(dst.shape) != tuple(src.shape):
+        dst.resize_(src.shape)
+    return copy_between(src, dst)
+
+
+def _copy_(op, args, kwargs):
+    dst, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    if _is_remote(dst) and _is_remote(src) and src.device == dst.device:
+        from .fallback import run_op
+
+        return run_op(op, args, kwargs)
+    return copy_between(src, dst, non_blocking)
+
+
+def _local_scalar_dense(op, args, kwargs):
+    (t,) = args
+    from .fallback import run_with_reply
+
+    return run_with_reply(op, (t,), {}, handles.device_index(t))
+
+
+def _resize_(op, args, kwargs):
+    """Resize in place; growing moves the data into a larger storage on the server."""
+    t, size = args[0], tuple(args[1])
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    numel = 1
+    for s in size:
+        numel *= s
+    needed = (t.storage_offset() + numel) * t.element_size()
+    storage = t.untyped_storage()
+    if needed > storage.nbytes():
+        grown = torch.empty(needed, dtype=torch.uint8, device=t.device)
+        if storage.nbytes():
+            old = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
+            grown[: storage.nbytes()].copy_(old)
+        storage = grown.untyped_storage()
+    stride = _contiguous_strides(size)
+    t.set_(storage, t.storage_offset(), size, stride)
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        t.set_(storage, t.storage_offset(), size, torch.empty(size, device="meta", memory_format=memory_format).stride())
+    return t
+
+
+def _contiguous_strides(size) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+SPECIAL_OPS = {
+    torch.ops.aten._copy_from.default: _copy_from,
+    torch.ops.aten._copy_from_and_resize.default: _copy_from_and_resize,
+    torch.ops.aten.copy_.default: _copy_,
+    torch.ops.aten._local_scalar_dense.default: _local_scalar_dense,
+    torch.ops.aten.resize_.default: _resize_,
+}
