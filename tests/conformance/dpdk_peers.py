@@ -8,6 +8,7 @@ ports are hot-added per peer); the far end is `remote_accel.dataplane.echo`.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -101,7 +102,8 @@ def _memif_peer() -> Peer:
     except BaseException:
         h.stop(proc)
         raise
-    peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port)]
+    peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port),
+                      lambda: shutil.rmtree(runtime, ignore_errors=True)]
     return peer
 
 
@@ -135,7 +137,8 @@ def _af_packet_peer() -> Peer:
     except BaseException:
         h.stop(proc)
         raise
-    peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port)]
+    peer.cleanups += [lambda: h.stop(proc), lambda: dpdk.remove_vdev(port),
+                      lambda: shutil.rmtree(runtime, ignore_errors=True)]
     return peer
 
 
