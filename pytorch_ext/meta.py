@@ -154,8 +154,22 @@ def infer(op, args, kwargs) -> Optional[Plan]:
     return plan
 
 
+def _meta_substitute(op):
+    """Ops without a meta kernel whose public twin has one, with the same arguments."""
+    aten = torch.ops.aten
+    return {
+        aten.convolution_overrideable.default: aten.convolution.default,
+        aten.convolution_backward_overrideable.default: aten.convolution_backward.default,
+    }.get(op, op)
+
+
 def _infer(op, schema: _Schema, args, kwargs) -> Optional[Plan]:
     meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
+    if op is torch.ops.aten.convolution_backward_overrideable.default:
+        # convolution_backward also takes the bias sizes, right after the weight
+        weight, mask = meta_args[2], meta_args[-1]
+        meta_args = (*meta_args[:3], [weight.shape[0]] if mask[2] else None, *meta_args[3:])
+    op = _meta_substitute(op)
     try:
         with torch.no_grad():
             out = op(*meta_args, **meta_kwargs)
