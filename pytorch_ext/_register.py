@@ -24,6 +24,9 @@ def register_device() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         fallback.register()
         printing.install()
+        from .compile import register_backend
+
+        register_backend()
         _done = True
 
 

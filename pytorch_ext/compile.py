@@ -63,8 +63,10 @@ class GraphProgram:
     def _ref(value, slot):
         if isinstance(value, torch.fx.Node):
             return Ext(tv.GRAPH_VALUE, slot[value])
-        if isinstance(value, (list, tuple)):
-            return type(value)(GraphProgram._ref(v, slot) for v in value)
+        if isinstance(value, list):  # also FX's immutable_list
+            return [GraphProgram._ref(v, slot) for v in value]
+        if isinstance(value, tuple):
+            return tuple(GraphProgram._ref(v, slot) for v in value)
         return tv.encode_value(value, _no_constants)
 
     def _encode_node(self, node, slot):
@@ -106,11 +108,9 @@ def _no_constants(t):
 def _compile(gm: torch.fx.GraphModule, example_inputs):
     program = GraphProgram(gm, example_inputs)
 
-    def run(*args):
-        return program(*args)
+    from functorch.compile import make_boxed_func
 
-    run._boxed_call = False
-    return run
+    return make_boxed_func(program)
 
 
 def backend():

@@ -118,3 +118,25 @@ def test_manual_seed_reproduces_random_ops(remote):
     b = torch.randn(100, device="remote_accel").cpu()
     d2 = nn.functional.dropout(torch.ones(100, device="remote_accel"), 0.5).cpu()
     assert torch.equal(a, b) and torch.equal(d1, d2)
+
+
+def test_compiled_step_is_one_message_per_graph(remote):
+    from remote_accel.pytorch_ext import runtime
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    remote_model = copy.deepcopy(model).to("remote_accel")
+    compiled = torch.compile(remote_model, backend="remote_accel")
+    x = torch.randn(4, 8)
+    out = compiled(x.to("remote_accel"))
+    out.sum().backward()
+    model(x).sum().backward()
+    torch.testing.assert_close(out.cpu(), model(x))
+    torch.testing.assert_close(remote_model[0].weight.grad.cpu(), model[0].weight.grad)
+    session = runtime.sessions()[0]
+    session.flush()
+    before = dict(session.counters)
+    compiled(x.to("remote_accel"))
+    session.flush()
+    assert session.counters["ops"] == before["ops"]  # no per-op requests
+    assert session.counters["batches"] - before["batches"] == 1
