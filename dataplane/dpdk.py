@@ -32,7 +32,7 @@ from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, Transp
 from . import eal_args as _eal_args
 from . import wire
 from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
-from .transport import Listener, Message, PayloadSink, Transport
+from .transport import Listener, Message, PayloadSink, Transport, byte_view
 
 INSTALL_HINT = ("install DPDK (apt-get install dpdk dpdk-dev libdpdk-dev) and rebuild "
                 "remote_accel (pip install --no-build-isolation -e . , or scripts/dev-build.sh)")
@@ -342,13 +342,6 @@ _new, _set = object.__new__, object.__setattr__
 assert [f.name for f in dataclasses.fields(wire.Header)] == list(_header(*range(7)).__dict__)
 
 
-def _byte_view(buf) -> memoryview:
-    view = memoryview(buf)
-    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
-        view = view.cast("B")
-    return view
-
-
 class DpdkTransport(Transport):
     """A reliable, ordered message link to one peer over a DPDK port."""
 
@@ -538,7 +531,7 @@ class DpdkTransport(Transport):
         head = self._head_view
         try:
             buffers = sink(header, meta, lengths) if sink else [np.empty(m, np.uint8) for m in lengths]
-            views = [_byte_view(b) for b in buffers]
+            views = [byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
             if any(v.readonly for v in views):

@@ -230,3 +230,13 @@ def port_frame_sizes(name: str, driver: str, args: Sequence[str]) -> tuple[int, 
     if driver == "net_ring":
         return RING_PAIR_MAX_FRAME, 0
     return (9000 if re.match(r"^net_null", driver) else 1514), 0
+
+
+def split_eal(argv: Sequence[str]) -> tuple[list, list]:
+    """DPDK's command-line convention: `[EAL options] -- [app options]`; without `--`,
+    every argument is an app option."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return [], argv

@@ -73,11 +73,9 @@ def _make_listener(args) -> Listener:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    eal_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        eal_args, argv = argv[:cut], argv[cut + 1 :]
+    from .eal_args import split_eal
+
+    eal_args, argv = split_eal(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m remote_accel.dataplane.echo", description=__doc__)
     parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
     parser.add_argument("--listen", default="127.0.0.1:0", help="TCP address (default 127.0.0.1:0, any free port)")

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
-from .transport import Listener, Message, PayloadSink, Transport, default_sink
+from .transport import Listener, Message, PayloadSink, Transport, byte_view, default_sink
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,6 @@ DEFAULT_STALL_TIMEOUT_S = 30.0
 _SOCKET_BUFFER = 4 << 20
 _IOV_MAX = 512
 _RECV_CHUNK = 16 << 20
-
-
-def _byte_view(buf) -> memoryview:
-    view = memoryview(buf)
-    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
-        view = view.cast("B")
-    return view
 
 
 class TcpTransport(Transport):
@@ -94,7 +87,7 @@ class TcpTransport(Transport):
         return dict(self._counters)
 
     def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
-        views = [_byte_view(p) for p in payloads]
+        views = [byte_view(p) for p in payloads]
         prologue = wire.encode_prologue(msg_type, meta, [v.nbytes for v in views], req_id=req_id,
                                         flags=flags, limits=self._limits)
         pieces = [memoryview(prologue)] + [v for v in views if v.nbytes]
@@ -136,7 +129,7 @@ class TcpTransport(Transport):
                 self.close()
                 raise
             buffers = (sink or default_sink)(header, meta, lengths)
-            views = [_byte_view(b) for b in buffers]
+            views = [byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
             for v in views:

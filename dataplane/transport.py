@@ -99,3 +99,11 @@ def default_sink(header: Header, meta: bytes, lengths: list) -> list:
     import numpy as np
 
     return [np.empty(n, dtype=np.uint8) for n in lengths]
+
+
+def byte_view(buf) -> memoryview:
+    """Any buffer-protocol payload as a flat memoryview of bytes, without copying."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1 or view.format != "B":
+        view = view.cast("B")
+    return view

@@ -18,6 +18,7 @@ from typing import Optional
 from .. import config
 from .._version import __version__
 from ..errors import ConfigError, RemoteAccelError
+from ..dataplane.eal_args import split_eal
 
 log = logging.getLogger("remote_accel.server")
 
@@ -110,13 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
     return p
-
-
-def split_eal(argv: list) -> tuple[list, list]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return [], argv
 
 
 def open_listeners(args, eal: list) -> list:

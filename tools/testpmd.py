@@ -26,6 +26,7 @@ import time
 
 from .. import config
 from ..errors import ConfigError, RemoteAccelError
+from ..dataplane.eal_args import split_eal
 from .pmd_stats import PortInfo, Sample, format_final, format_sample, port_json, rates
 
 log = logging.getLogger("ra-testpmd")
@@ -121,13 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one JSON document on stdout at the end (periodic samples inside), no text blocks")
     p.add_argument("-v", "--verbose", action="store_true", help="log what is set up, on stderr")
     return p
-
-
-def split_eal(argv: list) -> tuple[list, list]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return [], argv
 
 
 # -- runners -------------------------------------------------------------------------------------
