@@ -401,9 +401,7 @@ class DpdkTransport(Transport):
         with DpdkListener([b], options=options, **kwargs) as lst:
             client = cls.connect(a, timeout=timeout, options=options, **kwargs)
             server = lst.accept(timeout)
-        client._owned_ports = server._owned_ports = (a, b)  # removed when both are closed
-        client._other = server
-        server._other = client
+        client._pair = server._pair = _PairPorts((a, b))  # removed when both ends are closed
         return client, server
 
     # -- Transport --------------------------------------------------------------------------
@@ -412,13 +410,14 @@ class DpdkTransport(Transport):
         return self._closed
 
     def close(self) -> None:
-        if not self._closed:
+        with _close_lock:  # a failing recv thread and the owner may close at once
+            if self._closed:
+                return
             self._closed = True
-            lib.shim_conn_close(self._c, int(self._options.linger * 1e9))
-            other = getattr(self, "_other", None)
-            if other is not None and other.closed:  # both ends of pair(): free the ring ports
-                for p in self._owned_ports:
-                    remove_vdev(p)
+        lib.shim_conn_close(self._c, int(self._options.linger * 1e9))
+        pair = getattr(self, "_pair", None)
+        if pair is not None:
+            pair.end_closed()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -574,6 +573,27 @@ class DpdkTransport(Transport):
         except DpdkError:
             pass  # the port is gone (pair() removes its ring ports once both ends closed)
         return out
+
+
+_close_lock = threading.Lock()
+
+
+class _PairPorts:
+    """The two ring ports of pair(): removed once, when the second end closes (the two
+    ends may close at the same moment from two threads)."""
+
+    def __init__(self, ports: tuple[int, int]):
+        self.ports = ports
+        self._open_ends = 2
+        self._lock = threading.Lock()
+
+    def end_closed(self) -> None:
+        with self._lock:
+            self._open_ends -= 1
+            last = self._open_ends == 0
+        if last:
+            for p in self.ports:
+                remove_vdev(p)
 
 
 class DpdkListener(Listener):
