@@ -23,6 +23,9 @@ def register_device() -> None:
         torch._register_device_module("remote_accel", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         fallback.register()
+        from .handles import install_generator_state_hooks
+
+        install_generator_state_hooks()
         printing.install()
         from .compile import register_backend
 

@@ -65,10 +65,24 @@ def tensor_ref(t: torch.Tensor, index: int) -> Ext:
 
 
 def generator_ref(gen: torch.Generator | None, index: int) -> Ext:
-    default = _C.default_generator(index)
-    if gen is None:
-        gen = default
-    gen_id, seed, epoch = _C.generator_info(gen)
+    gen_id, seed, epoch = _C.generator_info(gen if gen is not None else _C.default_generator(index))
+    return stream_ref(index, gen_id, seed, epoch)
+
+
+def stream_ref(index: int, gen_id: int, seed: int, epoch: int) -> Ext:
     # id 0 is the server's session-default stream, which also drives ops that take no
     # generator argument (native_dropout): manual_seed must reach those too
-    return Ext(tv.GENERATOR, (0 if gen_id == _C.generator_info(default)[0] else gen_id, seed, epoch))
+    return Ext(tv.GENERATOR, (0 if gen_id == _C.default_generator_id(index) else gen_id, seed, epoch))
+
+
+def _get_generator_state(index: int, gen_id: int, seed: int, epoch: int) -> bytes:
+    return runtime.session(index).rng("get", stream_ref(index, gen_id, seed, epoch))
+
+
+def _set_generator_state(index: int, gen_id: int, seed: int, epoch: int, state: bytes) -> None:
+    runtime.session(index).rng("set", stream_ref(index, gen_id, seed, epoch), state)
+
+
+def install_generator_state_hooks() -> None:
+    """Generator.get_state()/set_state() of remote_accel generators ask the server."""
+    _C.set_generator_state_hooks(_get_generator_state, _set_generator_state)

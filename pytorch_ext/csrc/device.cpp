@@ -189,11 +189,14 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 // change of the stream (manual_seed, seed, set_state, set_offset), so reseeding to the
 // same seed twice still reaches the server.
 //
-// get_state()/set_state() use a 16-byte uint8 CPU tensor: seed then offset, each a
+// Once a session exists, Python installs GeneratorStateHooks and get_state()/set_state()
+// read and write the server generator's real state. Before that (no server to ask),
+// they use a 16-byte uint8 CPU tensor: seed then offset, each a
 // uint64 in native (little-endian) byte order, like the CUDA generator's (seed, offset).
 
 constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // c10::default_rng_seed_val
 constexpr int64_t kStateBytes = 16;
+std::atomic<GeneratorStateHooks*> g_state_hooks{nullptr};
 std::atomic<uint64_t> g_next_generator_id{1};
 
 struct RemoteGenerator final : c10::GeneratorImpl {
@@ -222,6 +225,14 @@ struct RemoteGenerator final : c10::GeneratorImpl {
     return s;
   }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    if (auto* hooks = g_state_hooks.load()) {
+      // The stream lives on the server: its state is the server generator's (as on CUDA).
+      const std::string bytes = hooks->get(device_.index(), id_, seed_, epoch_);
+      auto state = at::detail::empty_cpu({static_cast<int64_t>(bytes.size())}, c10::ScalarType::Byte,
+                                         std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      std::memcpy(state.mutable_data_ptr(), bytes.data(), bytes.size());
+      return state.getIntrusivePtr();
+    }
     auto state = at::detail::empty_cpu({kStateBytes}, c10::ScalarType::Byte, std::nullopt,
                                        std::nullopt, std::nullopt, std::nullopt);
     auto* out = static_cast<uint8_t*>(state.mutable_data_ptr());
@@ -231,6 +242,14 @@ struct RemoteGenerator final : c10::GeneratorImpl {
   }
   void set_state(const c10::TensorImpl& state) override {
     at::detail::check_rng_state(state);
+    if (auto* hooks = g_state_hooks.load()) {
+      TORCH_CHECK(state.is_contiguous(), "remote_accel generator state must be a contiguous uint8 tensor");
+      // No epoch bump: the server generator now holds exactly this state, and the next op
+      // must draw from it rather than reseed.
+      hooks->set(device_.index(), id_, seed_, epoch_,
+                 std::string(static_cast<const char*>(state.data()), state.numel()));
+      return;
+    }
     TORCH_CHECK(state.numel() == kStateBytes && state.is_contiguous(),
                 "remote_accel generator state must be a contiguous uint8 tensor of ",
                 kStateBytes, " bytes (seed, offset), got ", state.numel(), " bytes");
@@ -412,6 +431,15 @@ at::Generator new_generator(c10::DeviceIndex device) {
   }
   check_index(device);
   return at::make_generator<RemoteGenerator>(device);
+}
+
+void set_generator_state_hooks(GeneratorStateHooks* hooks) {
+  g_state_hooks.store(hooks);
+}
+
+uint64_t default_generator_id(c10::DeviceIndex device) {
+  // id_ is immutable: no lock, so this is safe while the generator's mutex is held
+  return static_cast<RemoteGenerator*>(default_generator(device).unsafeGetGeneratorImpl())->id();
 }
 
 std::tuple<uint64_t, uint64_t, uint64_t> generator_info(const at::Generator& gen) {

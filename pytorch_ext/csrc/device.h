@@ -12,6 +12,8 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -38,6 +40,15 @@ c10::DeviceIndex current_device();
 
 const at::Generator& default_generator(c10::DeviceIndex device);
 at::Generator new_generator(c10::DeviceIndex device);
+// Reads and writes of a generator's state on the server, installed by Python once it has
+// sessions; get/set receive (device, generator id, seed, epoch). Never freed.
+struct GeneratorStateHooks {
+  std::function<std::string(c10::DeviceIndex, uint64_t, uint64_t, uint64_t)> get;
+  std::function<void(c10::DeviceIndex, uint64_t, uint64_t, uint64_t, const std::string&)> set;
+};
+void set_generator_state_hooks(GeneratorStateHooks* hooks);
+// Id of a device's default generator (the server's stream 0), without taking its lock.
+uint64_t default_generator_id(c10::DeviceIndex device);
 // (generator id, seed, epoch) of a remote_accel generator; see device.cpp.
 std::tuple<uint64_t, uint64_t, uint64_t> generator_info(const at::Generator& gen);
 

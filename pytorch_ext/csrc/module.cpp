@@ -5,6 +5,7 @@
 #include "device.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -117,8 +118,50 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // server.
 }
 
-// Without this, any op called under torch.autocast("remote_accel") fails with "could not
-// run ... with AutocastPrivateUse1"; torch 2.13 registers no fallback for that key.
+// A conjugate or negative view reaching `_copy_from` (every copy_ from or to this device)
+// would otherwise meet the Conjugate/Negative fallback first, which materialises the view
+// with clone() -> copy_ -> _copy_from -> the same fallback, forever. The Python copy sends
+// the conj/neg bits with the tensor, so the lazy bits are resolved where the data is.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+// Autocast: the same policy lists CUDA uses (ATen's autocast_mode.h), so that under
+// torch.autocast("remote_accel", dtype=...) matmuls and convolutions run in the lower
+// precision on the server, reductions in fp32, and mixed inputs are promoted. The casts
+// themselves are ordinary ops on remote tensors: they queue like any other.
+namespace remote_accel {
+namespace {
+at::Tensor binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                       int64_t) {
+  TORCH_CHECK(false, "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast "
+                     "(as on CUDA): use binary_cross_entropy_with_logits or BCEWithLogitsLoss instead");
+}
+} // namespace
+} // namespace remote_accel
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  using namespace at;  // the op lists name Tensor, Scalar, ScalarType unqualified
+#define RA_KERNEL_LOW_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+  AT_FORALL_LOWER_PRECISION_FP(RA_KERNEL_LOW_PRECISION_FP)
+#define RA_KERNEL_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+  AT_FORALL_FP32(RA_KERNEL_FP32)
+#define RA_KERNEL_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+  AT_FORALL_FP32_SET_OPT_DTYPE(RA_KERNEL_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+#define RA_KERNEL_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_PROMOTE(RA_KERNEL_PROMOTE)
+  m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
+         TORCH_FN(remote_accel::binary_cross_entropy_banned));
+}
+
+// Every other op passes autocast untouched (torch registers no fallback for this key).
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
 }
@@ -156,6 +199,24 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("default_generator", [](int device) { return ra::default_generator(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index") = -1, "The default torch.Generator of a device (-1: current).");
+  m.def("default_generator_id", [](int device) { return ra::default_generator_id(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Id of a device's default generator (safe while its lock is held).");
+  m.def("set_generator_state_hooks", [](py::function get, py::function set) {
+          // Leaked like the generators that call them: they may run until interpreter exit.
+          auto* get_fn = new py::function(std::move(get));
+          auto* set_fn = new py::function(std::move(set));
+          ra::set_generator_state_hooks(new ra::GeneratorStateHooks{
+              [get_fn](c10::DeviceIndex device, uint64_t id, uint64_t seed, uint64_t epoch) {
+                py::gil_scoped_acquire gil;
+                return (*get_fn)(static_cast<int>(device), id, seed, epoch).cast<std::string>();
+              },
+              [set_fn](c10::DeviceIndex device, uint64_t id, uint64_t seed, uint64_t epoch, const std::string& state) {
+                py::gil_scoped_acquire gil;
+                (*set_fn)(static_cast<int>(device), id, seed, epoch, py::bytes(state));
+              }});
+        }, py::arg("get"), py::arg("set"),
+        "Make Generator.get_state()/set_state() read and write the server's generator: "
+        "get(device, id, seed, epoch) -> bytes, set(device, id, seed, epoch, state).");
   m.def("generator_info", &ra::generator_info, py::arg("generator"),
         "(generator id, seed, epoch) of a remote_accel torch.Generator. The server reseeds its "
         "generator whenever this triple changes; the offset is Generator.get_offset().");
