@@ -117,6 +117,8 @@ class RunOp:
     metadata instead (data-dependent shapes); the results then wait under the storage
     ids of `outs` (plain ints) until freed. Results are numbered in the op's return
     order with `Tensor[]` returns expanded in place (`split` gives one per piece).
+    `stream` names the random stream (a generator reference) of a seeded op that takes
+    no generator argument (native_dropout), so a manual_seed on the client reaches it.
     """
 
     op: str
@@ -124,6 +126,7 @@ class RunOp:
     kwargs: dict
     outs: tuple
     reply: bool = False
+    stream: Any = None
 
 
 @_message(MsgType.RUN_REPLY)

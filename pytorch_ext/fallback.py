@@ -24,11 +24,6 @@ _C = handles._C
 _temp_ids = itertools.count(1)
 
 
-def _op_name(op: torch._ops.OpOverload) -> str:
-    name = op._schema.name
-    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
-
-
 def _device_index(args, kwargs) -> int:
     for leaf in pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor) and leaf.device.type == "remote_accel":
@@ -69,12 +64,14 @@ def remote_fallback(op: torch._ops.OpOverload, *args, **kwargs):
 
 
 def run_op(op, args, kwargs):
+    args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     index = _device_index(args, kwargs)
     session = runtime.session(index)
     handles.flush_frees(index)
     plan = meta.infer(op, args, kwargs)
     if plan is None:
         return run_with_reply(op, args, kwargs, index)
+    plan = meta.for_server_device(op, plan, args, kwargs, session.device_type)
     device = torch.device("remote_accel", index)
     results, out_refs = [], []
     for spec in plan.results:
@@ -89,8 +86,13 @@ def run_op(op, args, kwargs):
             flat_refs.extend(refs)
         else:
             flat_refs.append(refs)
-    session.run(_op_name(op), enc_args, enc_kwargs, tuple(flat_refs))
+    session.run(meta.op_name(op), enc_args, enc_kwargs, tuple(flat_refs), _stream(op, index))
     return meta.pack_results(op, results)
+
+
+def _stream(op, index: int):
+    """The default stream's reference for seeded ops without a generator argument."""
+    return handles.generator_ref(None, index) if meta.schema_of(op).seeded_without_generator else None
 
 
 def _materialise(spec, args, kwargs, device, index):
@@ -119,19 +121,36 @@ def _materialise(spec, args, kwargs, device, index):
 
 def run_with_reply(op, args, kwargs, index):
     """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel)."""
+    args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     session = runtime.session(index)
     n_out = meta.count_tensor_returns(op)
     temp = tuple(-next(_temp_ids) for _ in range(n_out))
     enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
-    reply = session.run_with_reply(_op_name(op), enc_args, enc_kwargs, temp)
+    reply = session.run_with_reply(meta.op_name(op), enc_args, enc_kwargs, temp, _stream(op, index))
     device = torch.device("remote_accel", index)
-    results, temps = [], iter(temp)
-    for value in reply:
+    results = []
+    for i, value in enumerate(reply):  # the server kept result i under temp[i]
         if type(value) is tuple and len(value) == 5 and type(value[1]) is str:
-            results.append(_adopt(session, next(temps), value, device, index))
+            results.append(_adopt(session, temp[i], value, device, index))
         else:
             results.append(value)
+    results = meta.regroup(op, results)
+    _write_back(op, args, kwargs, results)
     return meta.pack_results(op, results)
+
+
+def _write_back(op, args, kwargs, results: list) -> None:
+    """In-place and out= results are the argument tensors themselves; an out= tensor that
+    the op resized on the server takes the new storage and shape."""
+    schema = meta.schema_of(op)
+    for i, (target, writes) in enumerate(zip(schema.alias_of, schema.writes)):
+        if not writes or target is None or i >= len(results):
+            continue
+        arg, result = meta.argument(args, kwargs, target), results[i]
+        if isinstance(arg, torch.Tensor) and isinstance(result, torch.Tensor):
+            if result.shape != arg.shape:
+                arg.set_(result)
+            results[i] = arg
 
 
 def _adopt(session, temp_sid: int, desc: tuple, device, index) -> torch.Tensor:

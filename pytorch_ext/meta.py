@@ -21,7 +21,20 @@ DATA_DEPENDENT = frozenset({
     "aten::_unique", "aten::_unique2", "aten::unique_dim_consecutive", "aten::_local_scalar_dense",
     "aten::equal", "aten::is_nonzero", "aten::bincount", "aten::repeat_interleave",
     "aten::_assert_async", "aten::_assert_async.msg", "aten::histc", "aten::allclose",
+    # meta kernels that promise shapes the real kernels do not keep (residuals exist only
+    # for full-rank inputs; offset2bag is empty on some modes)
+    "aten::linalg_lstsq", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
 })
+
+#: Batch-norm ops whose CPU kernels return empty save_mean/save_invstd in eval mode, where
+#: the meta kernels (and CUDA's) return one value per channel: op -> index of `training`
+#: (None: always eval).
+_CPU_EVAL_BATCH_NORM = {
+    "aten::native_batch_norm": 5,
+    "aten::_native_batch_norm_legit": 5,
+    "aten::_native_batch_norm_legit_no_training": None,
+    "aten::_batch_norm_no_update": None,
+}
 
 _CACHE_LIMIT = 1 << 16
 _cache: dict = {}
@@ -41,15 +54,19 @@ class _Schema:
     alias_of: tuple  # per return: the argument locator it aliases, or None
     writes: tuple  # per return: True for in-place / out= results
     kinds: tuple  # per return: "tensor", "list", "optional", "other"
+    tensor_args: tuple  # (position, name) of every argument typed plain `Tensor`
     generator_arg: Optional[tuple]  # locator of a Generator? argument
+    seeded_without_generator: bool  # random, but draws from the default stream implicitly
 
 
 @functools.lru_cache(maxsize=None)
 def schema_of(op) -> _Schema:
     schema = op._schema
-    names, kw_only, alias_sets, generator = [], set(), {}, None
+    names, kw_only, alias_sets, generator, tensors = [], set(), {}, None, []
     for i, a in enumerate(schema.arguments):
         names.append(a.name)
+        if str(a.type) == "Tensor":
+            tensors.append((i, a.name))
         locator = ("kw", a.name) if a.kwarg_only else ("pos", i, a.name)
         if a.kwarg_only:
             kw_only.add(a.name)
@@ -71,7 +88,15 @@ def schema_of(op) -> _Schema:
         kinds.append("list" if text.startswith("List[Tensor]") or text == "Tensor[]" else
                      "optional" if text in ("Optional[Tensor]", "Tensor?") else
                      "tensor" if text == "Tensor" else "other")
-    return _Schema(tuple(names), frozenset(kw_only), tuple(alias_of), tuple(writes), tuple(kinds), generator)
+    seeded = generator is None and torch.Tag.nondeterministic_seeded in op.tags
+    return _Schema(tuple(names), frozenset(kw_only), tuple(alias_of), tuple(writes), tuple(kinds),
+                   tuple(tensors), generator, seeded)
+
+
+def op_name(op) -> str:
+    """"aten::add.Tensor"; the default overload without its suffix ("aten::relu")."""
+    name = op._schema.name
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
 
 
 def argument(args, kwargs, locator):
@@ -79,6 +104,27 @@ def argument(args, kwargs, locator):
         return kwargs.get(locator[1])
     _, i, name = locator
     return args[i] if i < len(args) else kwargs.get(name)
+
+
+_NUMBERS = (int, float, bool, complex)
+
+
+def rewrap_numbers(op, args: tuple, kwargs: dict, wrap) -> tuple[tuple, dict]:
+    """Plain numbers where the schema wants a Tensor (wrapped numbers that C++ callers
+    passed) become wrapped-number tensors again, via `wrap`."""
+    slots = schema_of(op).tensor_args
+    if not slots:
+        return args, kwargs
+    fixed_args, fixed_kwargs = None, None
+    for i, name in slots:
+        if i < len(args):
+            if type(args[i]) in _NUMBERS:
+                fixed_args = fixed_args or list(args)
+                fixed_args[i] = wrap(args[i])
+        elif type(kwargs.get(name)) in _NUMBERS:
+            fixed_kwargs = fixed_kwargs or dict(kwargs)
+            fixed_kwargs[name] = wrap(kwargs[name])
+    return (tuple(fixed_args) if fixed_args else args), (fixed_kwargs or kwargs)
 
 
 def takes_generator(op) -> Optional[tuple]:
@@ -89,6 +135,16 @@ def count_tensor_returns(op) -> int:
     """Upper bound on tensor results of a data-dependent op (lists count as many)."""
     s = schema_of(op)
     return sum(64 if k == "list" else 1 for k in s.kinds if k != "other") if s.kinds else 0
+
+
+def regroup(op, flat: list) -> list:
+    """Results numbered with a `Tensor[]` return expanded in place -> one value per return."""
+    kinds = schema_of(op).kinds
+    if "list" not in kinds:
+        return flat
+    at = kinds.index("list")
+    length = len(flat) - (len(kinds) - 1)
+    return flat[:at] + [flat[at : at + length]] + flat[at + length :]
 
 
 def pack_results(op, results: list):
@@ -152,6 +208,22 @@ def infer(op, args, kwargs) -> Optional[Plan]:
                 _cache.clear()
             _cache[key] = plan
     return plan
+
+
+def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> Plan:
+    """Adjust a plan where the server's kernels give other shapes than the meta kernels."""
+    if server_device_type != "cpu":
+        return plan
+    training_at = _CPU_EVAL_BATCH_NORM.get(op_name(op), -1)
+    if training_at == -1:
+        return plan
+    if training_at is not None and (args[training_at] if len(args) > training_at else kwargs.get("training")):
+        return plan
+    results = list(plan.results)
+    for i in (1, 2):
+        _, shape, stride, dtype = results[i]
+        results[i] = ("tensor", (0,), (1,), dtype)
+    return Plan(tuple(results))
 
 
 def _meta_substitute(op):

@@ -52,6 +52,7 @@ class Session:
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         reply = self._call(m.Hello(token, client, WIRE_VERSION), m.Welcome)
         self.welcome: m.Welcome = reply
+        self.device_type = reply.device.partition(":")[0]  # the server's torch device type
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -64,9 +65,9 @@ class Session:
         if sids:
             self._queue(m.FreeStorage(tuple(sids)))
 
-    def run(self, op: str, args: tuple, kwargs: dict, outs: tuple) -> None:
+    def run(self, op: str, args: tuple, kwargs: dict, outs: tuple, stream=None) -> None:
         self.counters["ops"] += 1
-        self._queue(m.RunOp(op, args, kwargs, outs))
+        self._queue(m.RunOp(op, args, kwargs, outs, False, stream))
 
     def write(self, sid: int, offset: int, data) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
@@ -119,10 +120,10 @@ class Session:
         self.counters["bytes_down"] += nbytes
         return reply.payloads[0]
 
-    def run_with_reply(self, op: str, args: tuple, kwargs: dict, out_sids: tuple) -> tuple:
+    def run_with_reply(self, op: str, args: tuple, kwargs: dict, out_sids: tuple, stream=None) -> tuple:
         """Run an op whose result shapes depend on data; returns the results' metadata."""
         self.counters["ops"] += 1
-        return self._call(m.RunOp(op, args, kwargs, out_sids, True), m.RunReply).results
+        return self._call(m.RunOp(op, args, kwargs, out_sids, True, stream), m.RunReply).results
 
     def stats(self) -> dict:
         return self._call(m.Stats(), m.StatsReply).values

@@ -29,7 +29,7 @@ from . import ops
 from .device import ComputeDevice
 from .failure import BAD_HANDLE, OP, Failure
 from .rng import Generators
-from .storage import StorageTable, TensorRef, parse_ref
+from .storage import EMPTY_SID, StorageTable, TensorRef, parse_ref
 
 #: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
@@ -111,6 +111,10 @@ class Executor:
                 self._check_reply_outs(msg.outs)
             else:
                 refs = self._plan_outs(msg.outs)
+            if msg.stream is not None and resolved.seeded:
+                if type(msg.stream) is not Ext or msg.stream.code != torch_values.GENERATOR:
+                    raise ProtocolError("RunOp.stream must be a generator reference")
+                self.generators.resolve_default(msg.stream.value)  # reseeds after a manual_seed
             flat = flatten(self._call(resolved, args, kwargs))
             self.ops_done += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
@@ -171,6 +175,10 @@ class Executor:
         for i, (ref, value) in enumerate(zip(refs, flat)):
             if ref is None:
                 continue
+            if ref.sid == EMPTY_SID and ref.span == 0 and isinstance(value, torch.Tensor):
+                if tuple(value.shape) != ref.shape:
+                    raise Failure(OP, f"result {i} has shape {tuple(value.shape)}, the client expects {ref.shape}")
+                continue  # no bytes to keep
             if not isinstance(value, torch.Tensor):
                 raise Failure(OP, f"result {i} is {type(value).__name__}, the client expects a tensor")
             if tuple(value.shape) != ref.shape:
@@ -217,9 +225,11 @@ class Executor:
         if len(self._failed) > _MAX_FAILED:
             self._failed.clear()
         for out in outs if type(outs) is tuple else ():
-            if type(out) is int:
+            # storage 0 is every empty tensor's (see StorageTable): it never fails
+            if type(out) is int and out != EMPTY_SID:
                 self._failed.add(out)
-            elif type(out) is Ext and type(out.value) is tuple and out.value and type(out.value[0]) is int:
+            elif (type(out) is Ext and type(out.value) is tuple and out.value and type(out.value[0]) is int
+                  and out.value[0] != EMPTY_SID):
                 self._failed.add(out.value[0])
 
     def _resync_quietly(self, touched: list) -> None:

@@ -54,6 +54,13 @@ class Generators:
         self._gens[gen_id] = entry
         return entry[1]
 
+    def resolve_default(self, value: Any) -> None:
+        """Bring the session default up to the client's (seed, epoch) for stream `value`;
+        ops without a generator argument draw from the default whatever id it names."""
+        if type(value) is not tuple or len(value) != 3 or value[0] != 0:
+            raise ProtocolError("the stream of an op without a generator argument must be the default (id 0)")
+        self.resolve(value)
+
     def get_state(self, gen: torch.Generator) -> bytes:
         return gen.get_state().numpy().tobytes()
 

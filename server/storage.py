@@ -81,10 +81,15 @@ def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsiz
         numel *= size
         extent += (size - 1) * step
     if numel == 0:
-        return offset * itemsize
+        return 0  # as ATen's computeStorageNbytes: an empty view needs no bytes, whatever its offset
     if numel > MAX_NUMEL:
         raise ProtocolError(f"a view of {numel} elements is too large")
     return (offset + extent) * itemsize
+
+
+#: Storage id of every storage without bytes: the client's allocator hands out no id
+#: (nor memory) for them, so any tensor with no elements names storage 0.
+EMPTY_SID = 0
 
 
 class StorageTable:
@@ -133,6 +138,8 @@ class StorageTable:
             raise ProtocolError(f"storage id {sid!r} is not a 64-bit integer")
         if sid in self._storages:
             raise bad_handle(f"storage {sid} already exists")
+        if sid == EMPTY_SID:
+            raise bad_handle(f"storage {EMPTY_SID} is every empty tensor's and cannot be allocated")
 
     def alloc(self, sid: int, nbytes: int) -> None:
         self._check_new(sid)
@@ -173,6 +180,9 @@ class StorageTable:
         return count, nbytes
 
     def storage(self, sid: Any) -> torch.UntypedStorage:
+        if sid == EMPTY_SID and type(sid) is int:
+            # a fresh one each time: an op that resizes its output must not grow a shared one
+            return torch.UntypedStorage(0, device=self.device.device)
         try:
             return self._storages[sid]
         except (KeyError, TypeError):
