@@ -22,6 +22,13 @@ class Ext(NamedTuple):
     value: Any
 
 
+class Raw(bytes):
+    """A value already encoded, written out verbatim: lets a caller cache the encoding of
+    values it sends again and again (tensor metadata). Decodes as the value it encodes."""
+
+    __slots__ = ()
+
+
 MAX_DEPTH = 64
 MAX_ITEMS = 1 << 22
 
@@ -33,55 +40,80 @@ _I = struct.Struct("<I")
 _SMALL_BIAS = 128  # one-byte ints in [-128, 127] are the common case (dims, flags)
 
 
+_SMALL_INTS = tuple(bytes((_SMALLINT, i + _SMALL_BIAS)) for i in range(-_SMALL_BIAS, _SMALL_BIAS))
+_STRINGS: dict[str, bytes] = {}  # op names, dtype names, keyword names: a small set, sent often
+_STRINGS_MAX = 1 << 12
+_INT64 = (-(1 << 63), 1 << 63)
+
+
 def encode(value: Any) -> bytes:
-    out: list[bytes] = []
-    _encode(value, out.append, 0)
-    return b"".join(out)
+    out = bytearray()
+    _encode(value, out, 0)
+    return bytes(out)
 
 
-def _encode(v: Any, put, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise ValueError("value nested too deeply to encode")
+def _encode(v: Any, out: bytearray, depth: int) -> None:
+    # the common types first: this runs for every value of every queued op
     t = type(v)
-    if v is None:
-        put(b"\x00")
-    elif t is bool:
-        put(b"\x02" if v else b"\x01")
-    elif t is int:
+    if t is int:
         if -_SMALL_BIAS <= v < _SMALL_BIAS:
-            put(bytes((_SMALLINT, v + _SMALL_BIAS)))
-        elif -(1 << 63) <= v < 1 << 63:
-            put(b"\x03" + _Q.pack(v))
+            out += _SMALL_INTS[v + _SMALL_BIAS]
+        elif _INT64[0] <= v < _INT64[1]:
+            out += b"\x03"
+            out += _Q.pack(v)
         else:
             raise OverflowError(f"int {v} does not fit in 64 bits")
-    elif t is float:
-        put(b"\x04" + _D.pack(v))
-    elif t is str:
-        raw = v.encode()
-        put(b"\x05" + _I.pack(len(raw)) + raw)
-    elif t is bytes or t is bytearray or t is memoryview:
-        raw = bytes(v)
-        put(b"\x06" + _I.pack(len(raw)) + raw)
-    elif t is list or t is tuple:
-        put((b"\x07" if t is list else b"\x08") + _I.pack(len(v)))
+    elif t is tuple or t is list:
+        if depth >= MAX_DEPTH:
+            raise ValueError("value nested too deeply to encode")
+        out += b"\x07" if t is list else b"\x08"
+        out += _I.pack(len(v))
         for item in v:
-            _encode(item, put, depth + 1)
-    elif t is Ext:
-        put(bytes((_EXT, v.code)))
-        _encode(v.value, put, depth + 1)
+            _encode(item, out, depth + 1)
+    elif t is Raw:
+        out += v
+    elif v is None:
+        out += b"\x00"
+    elif t is str:
+        cached = _STRINGS.get(v)
+        if cached is None:
+            raw = v.encode()
+            cached = b"\x05" + _I.pack(len(raw)) + raw
+            if len(raw) <= 64:
+                if len(_STRINGS) >= _STRINGS_MAX:
+                    _STRINGS.clear()
+                _STRINGS[v] = cached
+        out += cached
+    elif t is bool:
+        out += b"\x02" if v else b"\x01"
+    elif t is float:
+        out += b"\x04"
+        out += _D.pack(v)
     elif t is dict:
-        put(b"\x09" + _I.pack(len(v)))
+        out += b"\x09"
+        out += _I.pack(len(v))
         for key, item in v.items():
             if type(key) is not str:
                 raise TypeError(f"dict keys must be str, got {type(key).__name__}")
-            _encode(key, put, depth + 1)
-            _encode(item, put, depth + 1)
+            _encode(key, out, depth + 1)
+            _encode(item, out, depth + 1)
+    elif t is Ext:
+        if depth >= MAX_DEPTH:
+            raise ValueError("value nested too deeply to encode")
+        out += bytes((_EXT, v.code))
+        _encode(v.value, out, depth + 1)
+    elif t is bytes or t is bytearray or t is memoryview:
+        raw = bytes(v)
+        out += b"\x06"
+        out += _I.pack(len(raw))
+        out += raw
     elif t is complex:
-        put(b"\x0a" + _DD.pack(v.real, v.imag))
+        out += b"\x0a"
+        out += _DD.pack(v.real, v.imag)
     elif isinstance(v, int):  # IntEnum, numpy ints that subclass int
-        _encode(int(v), put, depth)
+        _encode(int(v), out, depth)
     elif isinstance(v, tuple):  # NamedTuple other than Ext
-        _encode(tuple(v), put, depth)
+        _encode(tuple(v), out, depth)
     else:
         raise TypeError(f"cannot encode a value of type {t.__name__}")
 

@@ -20,7 +20,8 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ProtocolError
-from .codec import Ext
+from . import codec
+from .codec import Ext, Raw
 
 TENSOR = 1  # (sid, dtype, shape, stride, storage_offset, flags)
 DTYPE = 2  # name
@@ -97,6 +98,24 @@ def encode_value(v: Any, tensor_ref: Callable[[torch.Tensor], Ext]) -> Any:
     if t is dict:
         return {k: encode_value(x, tensor_ref) for k, x in v.items()}
     raise TypeError(f"cannot send a value of type {t.__name__} to the server")
+
+
+_REF_HEAD = bytes((codec._EXT, TENSOR, codec._TUPLE)) + codec._I.pack(6)
+_ref_tails: dict = {}
+_REF_TAILS_MAX = 1 << 14
+
+
+def encoded_tensor_ref(sid: int, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int, flags: int) -> Raw:
+    """Ext(TENSOR, (sid, dtype, shape, stride, offset, flags)), encoded: the same few
+    layouts recur op after op, so their encoding is cached and only the id is encoded."""
+    key = (dtype, shape, stride, offset, flags)
+    tail = _ref_tails.get(key)
+    if tail is None:
+        tail = b"".join(codec.encode(v) for v in (dtype_name(dtype), tuple(shape), tuple(stride), offset, flags))
+        if len(_ref_tails) >= _REF_TAILS_MAX:
+            _ref_tails.clear()
+        _ref_tails[key] = tail
+    return Raw(_REF_HEAD + codec.encode(sid) + tail)
 
 
 def inline_cpu_tensor(t: torch.Tensor) -> Ext:

@@ -84,7 +84,6 @@ class GraphProgram:
         device = next(t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "remote_accel")
         index = device.index or 0
         session = runtime.session(index)
-        handles.flush_frees(index)
         refs = tuple(handles.tensor_ref(t, index) if isinstance(t, torch.Tensor) else t for t in inputs)
         results, outs = [], []
         for spec in self.out_specs:
@@ -94,7 +93,7 @@ class GraphProgram:
                 continue
             t = torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=device)
             results.append(t)
-            outs.append(handles.tensor_ref(t, index))
+            outs.append(handles.output_ref(t, index))
         first = index not in self.sent_to
         session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self.outputs, tuple(outs)))
         self.sent_to.add(index)

@@ -13,7 +13,6 @@ import itertools
 import logging
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..dataplane import torch_values as tv
 from ..dataplane.codec import Ext
@@ -25,11 +24,18 @@ _temp_ids = itertools.count(1)
 
 
 def _device_index(args, kwargs) -> int:
-    for leaf in pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor) and leaf.device.type == "remote_accel":
-            return leaf.device.index or 0
-        if isinstance(leaf, torch.device) and leaf.type == "remote_accel":
-            return leaf.index if leaf.index is not None else _C.current_device()
+    """The remote_accel device an op runs on: its first remote tensor's, else a device=
+    argument's, else the current one. Tensors sit at the top level or in lists."""
+    for value in itertools.chain(args, kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "remote_accel":
+                return value.device.index or 0
+        elif type(value) is list or type(value) is tuple:
+            for item in value:
+                if isinstance(item, torch.Tensor) and item.device.type == "remote_accel":
+                    return item.device.index or 0
+        elif isinstance(value, torch.device) and value.type == "remote_accel":
+            return value.index if value.index is not None else _C.current_device()
     return _C.current_device()
 
 
@@ -67,7 +73,6 @@ def run_op(op, args, kwargs):
     args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     index = _device_index(args, kwargs)
     session = runtime.session(index)
-    handles.flush_frees(index)
     plan = meta.infer(op, args, kwargs)
     if plan is None:
         return run_with_reply(op, args, kwargs, index)
@@ -110,7 +115,7 @@ def _materialise(spec, args, kwargs, device, index):
     if kind == "tensor":
         _, shape, stride, dtype = spec
         t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-        return t, handles.tensor_ref(t, index)
+        return t, handles.output_ref(t, index)
     if kind == "list":
         items = [_materialise(s, args, kwargs, device, index) for s in spec[1]]
         return [v for v, _ in items], tuple(r for _, r in items)

@@ -24,16 +24,16 @@ def device_index(t: torch.Tensor) -> int:
     return t.device.index or 0
 
 
-def flush_frees(index: int) -> None:
+def take_freed(index: int) -> list[int]:
+    """Ids of storages the server knows that were freed since the last call: the session
+    sends them with its next batch (one FREE per batch, not one per op)."""
     freed = _C.drain_freed(index)
-    if freed:
-        known = _announced.setdefault(index, set())
-        gone = [sid for sid in freed if sid in known]
-        known.difference_update(gone)
-        if gone and runtime.is_initialized():
-            session = runtime.session(index)
-            if session.alive:
-                session.free(gone)
+    if not freed:
+        return freed
+    known = _announced.setdefault(index, set())
+    gone = [sid for sid in freed if sid in known]
+    known.difference_update(gone)
+    return gone
 
 
 def announce(t: torch.Tensor, index: int) -> int:
@@ -61,7 +61,16 @@ def tensor_ref(t: torch.Tensor, index: int) -> Ext:
         raise RuntimeError(f"expected all tensors on remote_accel:{index}, found one on {t.device}")
     sid = announce(t, index)
     flags = (tv.FLAG_CONJ if t.is_conj() else 0) | (tv.FLAG_NEG if t.is_neg() else 0)
-    return Ext(tv.TENSOR, (sid, tv.dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()), t.storage_offset(), flags))
+    return tv.encoded_tensor_ref(sid, t.dtype, t.shape, t.stride(), t.storage_offset(), flags)
+
+
+def output_ref(t: torch.Tensor, index: int):
+    """The reference of a fresh tensor an op is about to fill. No ALLOC: the server
+    creates the storage when it binds the op's result to this id."""
+    sid = _C.storage_id(t)
+    if sid:
+        _announced.setdefault(index, set()).add(sid)
+    return tv.encoded_tensor_ref(sid, t.dtype, t.shape, t.stride(), t.storage_offset(), 0)
 
 
 def generator_ref(gen: torch.Generator | None, index: int) -> Ext:

@@ -7,6 +7,7 @@ transport "auto" (DPDK when it can reach a local server, else TCP, saying why in
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shlex
@@ -75,6 +76,10 @@ def init(
             for s in made:
                 s.close()
             raise
+        from . import handles
+
+        for index, s in enumerate(made):
+            s.freed_source = functools.partial(handles.take_freed, index)
         _sessions.extend(made)
         _register.set_device_count(len(_sessions))
 

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
                       RemoteOutOfMemoryError, TransportError, TransportTimeout)
@@ -48,7 +48,9 @@ class Session:
         self._payload_bytes = 0
         self._dead: Optional[RemoteAccelError] = None
         self._last_send = time.monotonic()
-        self.counters = {"batches": 0, "ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
+        self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
+        #: returns the ids of storages freed since the last call; they leave with each batch
+        self.freed_source: Optional[Callable[[], list]] = None
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         reply = self._call(m.Hello(token, client, WIRE_VERSION), m.Welcome)
         self.welcome: m.Welcome = reply
@@ -97,6 +99,10 @@ class Session:
     def flush(self) -> None:
         """Send every queued request now (without waiting for anything)."""
         with self._lock:
+            if self.freed_source is not None and self._dead is None:
+                gone = self.freed_source()
+                if gone:
+                    self._items.append(m.batch_item(m.FreeStorage(tuple(gone))))
             if not self._items:
                 return
             items, payloads = tuple(self._items), self._payloads
@@ -135,6 +141,7 @@ class Session:
         self._queue_message(m.EmptyCache())  # not allowed inside a Batch
 
     def run_graph(self, msg: m.RunGraph) -> None:
+        self.counters["graphs"] += 1
         self._queue_message(msg)
 
     def _queue_message(self, msg) -> None:

@@ -134,9 +134,12 @@ def test_compiled_step_is_one_message_per_graph(remote):
     torch.testing.assert_close(out.cpu(), model(x))
     torch.testing.assert_close(remote_model[0].weight.grad.cpu(), model[0].weight.grad)
     session = runtime.sessions()[0]
+    x_remote = x.to("remote_accel")
     session.flush()
     before = dict(session.counters)
-    compiled(x.to("remote_accel"))
+    again = compiled(x_remote)  # kept alive, so no free leaves after it either
     session.flush()
     assert session.counters["ops"] == before["ops"]  # no per-op requests
-    assert session.counters["batches"] - before["batches"] == 1
+    assert session.counters["batches"] == before["batches"]
+    assert session.counters["graphs"] - before["graphs"] == 1  # the whole forward: one message
+    torch.testing.assert_close(again.cpu(), model(x))
