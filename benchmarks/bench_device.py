@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import time
 
 import torch
@@ -54,6 +55,7 @@ def main() -> int:
     transport = "tcp" if args.transport == "tcp" else "tcp,dpdk"
     with ServerProcess("--transport", transport) as server:
         host, port = server.tcp
+        os.environ.update(server.client_env())  # the server's private memif socket
         remote_accel.init(transport=args.transport, server=f"{host}:{port}", token=server.token)
         session = runtime.sessions()[0]
         a = torch.randn(16, 16, device="remote_accel")
