@@ -172,6 +172,7 @@ class RunGraph:
     inputs: tuple
     outputs: tuple
     outs: tuple
+    stream: Any = None  # the default random stream's reference, as RunOp.stream
 
 
 # -- device state -------------------------------------------------------------------------

@@ -95,7 +95,8 @@ class GraphProgram:
             results.append(t)
             outs.append(handles.output_ref(t, index))
         first = index not in self.sent_to
-        session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self.outputs, tuple(outs)))
+        session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self.outputs, tuple(outs),
+                                     handles.generator_ref(None, index)))
         self.sent_to.add(index)
         return results
 

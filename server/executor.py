@@ -112,9 +112,7 @@ class Executor:
             else:
                 refs = self._plan_outs(msg.outs)
             if msg.stream is not None and resolved.seeded:
-                if type(msg.stream) is not Ext or msg.stream.code != torch_values.GENERATOR:
-                    raise ProtocolError("RunOp.stream must be a generator reference")
-                self.generators.resolve_default(msg.stream.value)  # reseeds after a manual_seed
+                self._sync_default_stream(msg.stream)
             flat = flatten(self._call(resolved, args, kwargs))
             self.ops_done += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
@@ -124,6 +122,12 @@ class Executor:
             raise
         self.table.resync(touched)
         return results
+
+    def _sync_default_stream(self, stream: Any) -> None:
+        """Reseed the session default if the client's manual_seed moved it since."""
+        if type(stream) is not Ext or stream.code != torch_values.GENERATOR:
+            raise ProtocolError("a message's stream must be a generator reference")
+        self.generators.resolve_default(stream.value)
 
     def _call(self, resolved: ops.Resolved, args: Any, kwargs: Any) -> Any:
         if type(args) is not tuple:
@@ -249,6 +253,8 @@ class Executor:
         touched: list = []
         try:
             nodes, outputs = self._graph(msg)
+            if msg.stream is not None:
+                self._sync_default_stream(msg.stream)
             values = [self.decode(v, touched) for v in msg.inputs]
             refs = self._plan_outs(msg.outs)
             for k, node in enumerate(nodes):

@@ -143,3 +143,15 @@ def test_compiled_step_is_one_message_per_graph(remote):
     assert session.counters["batches"] == before["batches"]
     assert session.counters["graphs"] - before["graphs"] == 1  # the whole forward: one message
     torch.testing.assert_close(again.cpu(), model(x))
+
+
+def test_compiled_dropout_follows_manual_seed(remote):
+    model = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5)).to("remote_accel")
+    compiled = torch.compile(model, backend="remote_accel")
+    x = torch.randn(4, 8).to("remote_accel")
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append((compiled(x).cpu(), compiled(x).cpu()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not torch.equal(runs[0][0], runs[0][1])  # the stream moves on between calls
