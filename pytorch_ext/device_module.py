@@ -104,21 +104,14 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device="remote_accel") -> torch.Tensor:
-    """The server generator's state (as on CUDA, a uint8 CPU tensor)."""
-    from .handles import generator_ref
-
-    index = _index(device)
-    index = current_device() if index < 0 else index
-    state = runtime.session(index).rng("get", generator_ref(None, index))
-    return torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else torch.empty(0, dtype=torch.uint8)
+    """The server generator's state (as on CUDA, a uint8 CPU tensor): the default
+    generator's get_state(), which asks the server (handles.install_generator_state_hooks)."""
+    return _generator(_index(device)).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="remote_accel") -> None:
-    from .handles import generator_ref
-
-    index = _index(device)
-    index = current_device() if index < 0 else index
-    runtime.session(index).rng("set", generator_ref(None, index), bytes(new_state.contiguous().numpy().tobytes()))
+    # any dtype is taken as its raw bytes, as before the generator carried the state itself
+    _generator(_index(device)).set_state(new_state.contiguous().reshape(-1).view(torch.uint8))
 
 
 def get_rng_state_all() -> list:

@@ -125,8 +125,8 @@ def _materialise(spec, args, kwargs, device, index):
 
 
 def run_with_reply(op, args, kwargs, index):
-    """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel)."""
-    args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
+    """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel).
+    `args` come as run_op hands them on: numbers in Tensor slots already re-wrapped."""
     session = runtime.session(index)
     n_out = meta.count_tensor_returns(op)
     temp = tuple(-next(_temp_ids) for _ in range(n_out))

@@ -220,9 +220,8 @@ def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> 
     if training_at is not None and (args[training_at] if len(args) > training_at else kwargs.get("training")):
         return plan
     results = list(plan.results)
-    for i in (1, 2):
-        _, shape, stride, dtype = results[i]
-        results[i] = ("tensor", (0,), (1,), dtype)
+    for i in (1, 2):  # save_mean, save_invstd: ("tensor", shape, stride, dtype)
+        results[i] = ("tensor", (0,), (1,), results[i][3])
     return Plan(tuple(results))
 
 

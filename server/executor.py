@@ -179,14 +179,12 @@ class Executor:
         for i, (ref, value) in enumerate(zip(refs, flat)):
             if ref is None:
                 continue
-            if ref.sid == EMPTY_SID and ref.span == 0 and isinstance(value, torch.Tensor):
-                if tuple(value.shape) != ref.shape:
-                    raise Failure(OP, f"result {i} has shape {tuple(value.shape)}, the client expects {ref.shape}")
-                continue  # no bytes to keep
             if not isinstance(value, torch.Tensor):
                 raise Failure(OP, f"result {i} is {type(value).__name__}, the client expects a tensor")
             if tuple(value.shape) != ref.shape:
                 raise Failure(OP, f"result {i} has shape {tuple(value.shape)}, the client expects {ref.shape}")
+            if ref.sid == EMPTY_SID and ref.span == 0:
+                continue  # an empty tensor: no bytes to keep
             storage = value.untyped_storage()
             ptr = storage.data_ptr()
             exact = _has_layout(value, ref, self.device.device)
