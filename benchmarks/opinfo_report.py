@@ -1,13 +1,15 @@
 """PyTorch's OpInfo database (fp32) on remote_accel against CPU results: a report.
 
-    python benchmarks/opinfo_report.py [--samples K] [--limit N] [--json]
+    python benchmarks/opinfo_report.py [--device cpu|cuda] [--samples K] [--limit N] [--json]
 
-Starts a CPU server, and for each op_db entry that supports float32 does what PyTorch's
+Starts a server (on CPU unless --device says otherwise), and for each op_db entry that supports float32 does what PyTorch's
 own `TestCommon.test_compare_cpu` does for an accelerator: makes the first K sample
 inputs on the device, copies them to CPU, runs the op on both and compares (atol and
 rtol 1e-3). Entries that test skips on every device (random or uninitialised outputs)
 are excluded, and so are entries whose CPU reference itself raises (CUDA-only
-jiterator ops): both are listed. Prints the pass rate and every failure with its cause.
+jiterator ops): both are listed. On a GPU server, PyTorch's marks for that device type
+apply too, and entries without float32 support on that device are listed apart (they
+are not the server's to run). Prints the pass rate and every failure with its cause.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import warnings
 
@@ -26,14 +29,16 @@ from remote_accel.server.testing import ServerProcess
 DEVICE = "remote_accel"
 
 
-def _compare_cpu_marks(op) -> tuple[str | None, bool]:
-    """How TestCommon.test_compare_cpu treats this entry on every device: (the reason it
-    skips it or None, whether it expects it to fail)."""
+def _compare_cpu_marks(op, server_type: str) -> tuple[str | None, bool]:
+    """How TestCommon.test_compare_cpu treats this entry on every device, and on the
+    server's device type: (the reason it skips it or None, whether it expects it to fail)."""
     from torch.testing._internal.opinfo.core import DecorateInfo
 
     expected_failure = False
     for info in op.decorators:
-        if not isinstance(info, DecorateInfo) or info.device_type is not None:
+        if not isinstance(info, DecorateInfo):
+            continue
+        if info.device_type is not None and (server_type == "cpu" or info.device_type != server_type):
             continue
         if info.test_name != "test_compare_cpu" or info.cls_name not in (None, "TestCommon"):
             continue
@@ -86,6 +91,8 @@ def entry_name(op) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=os.environ.get("REMOTE_ACCEL_TEST_DEVICE", "cpu"),
+                        help="the server's device (default: cpu, or $REMOTE_ACCEL_TEST_DEVICE)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N entries (default: all)")
     parser.add_argument("--samples", type=int, default=2, help="sample inputs per entry (default: 2)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -96,8 +103,14 @@ def main() -> int:
     entries = [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
     if args.limit:
         entries = entries[: args.limit]
-    failures, skipped, no_reference = (collections.OrderedDict() for _ in range(3))
-    with ServerProcess() as server:
+    server_type = args.device.split(":")[0]
+    failures, skipped, no_reference, unsupported = (collections.OrderedDict() for _ in range(4))
+    if server_type != "cpu":
+        for op in entries:
+            if torch.float32 not in op.supported_dtypes(server_type):
+                unsupported[entry_name(op)] = f"no float32 {server_type} kernel in PyTorch"
+        entries = [op for op in entries if entry_name(op) not in unsupported]
+    with ServerProcess(device=args.device) as server:
         address = "%s:%d" % server.tcp
 
         def connect():
@@ -106,7 +119,7 @@ def main() -> int:
         connect()
         for op in entries:
             name = entry_name(op)
-            reason, expected_failure = _compare_cpu_marks(op)
+            reason, expected_failure = _compare_cpu_marks(op, server_type)
             if reason is not None:
                 skipped[name] = reason
                 continue
@@ -128,17 +141,20 @@ def main() -> int:
         "entries": len(entries), "compared": compared, "passed": passed,
         "pass_rate": passed / compared if compared else 0.0,
         "failures": failures, "skipped": skipped, "no_cpu_reference": no_reference,
+        "unsupported_on_server": unsupported, "server_device": args.device,
         "samples_per_entry": args.samples, "torch": torch.__version__,
     }
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
-    print(f"OpInfo fp32 on remote_accel vs CPU (torch {torch.__version__}, {args.samples} samples per entry):")
+    print(f"OpInfo fp32 on remote_accel (server on {args.device}) vs CPU (torch {torch.__version__}, "
+          f"{args.samples} samples per entry):")
     print(f"  {passed}/{compared} compared entries match ({100 * report['pass_rate']:.1f}%); "
           f"{len(entries)} entries, {len(skipped)} skipped as PyTorch's test_compare_cpu skips them, "
-          f"{len(no_reference)} without a CPU reference")
-    for title, items in (("FAIL", failures), ("NO CPU REFERENCE", no_reference), ("SKIPPED", skipped)):
+          f"{len(no_reference)} without a CPU reference, {len(unsupported)} without a kernel on {server_type}")
+    for title, items in (("FAIL", failures), ("NO CPU REFERENCE", no_reference), ("SKIPPED", skipped),
+                         ("UNSUPPORTED ON SERVER", unsupported)):
         for name, cause in items.items():
             print(f"  {title} {name}: {cause}")
     return 0

@@ -66,7 +66,7 @@ class Pong:
 
 @_message(MsgType.ERROR)
 class ErrorReply:
-    kind: str  # "op", "oom", "auth", "protocol", "unknown_op", "bad_handle"
+    kind: str  # "op", "oom", "auth", "protocol", "unknown_op", "bad_handle", "busy", "device_lost"
     message: str
     trace: str  # the server's traceback, "" when there is none
 

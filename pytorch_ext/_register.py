@@ -6,7 +6,10 @@ import threading
 
 import torch
 
+from ..errors import RemoteAccelError
+
 _done = False
+_checked_up_to = 0  # check_autograd_queues passed for this many devices
 _lock = threading.Lock()
 
 
@@ -18,7 +21,7 @@ def register_device() -> None:
         from . import device_module, fallback, printing
         from ._native import load
 
-        load()
+        native = load()
         torch.utils.rename_privateuse1_backend("remote_accel")
         torch._register_device_module("remote_accel", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
@@ -30,7 +33,41 @@ def register_device() -> None:
         from .compile import register_backend
 
         register_backend()
+        _start_autograd_device_threads(native)
         _done = True
+
+
+def _start_autograd_device_threads(native) -> None:
+    """PyTorch's autograd engine makes its per-device worker queues once, at the first
+    backward of the process, for as many devices as each registered device type reports
+    then. Start it now, with room for every remote_accel device there may ever be, so
+    that a later init(servers=[...]) with more servers still finds a queue per device.
+    (If a backward already ran before this, it is too late: check_autograd_queues says so.)"""
+    native.set_device_count(native.MAX_DEVICES)
+    try:
+        leaf = torch.zeros((), requires_grad=True)
+        (leaf * 1).backward()
+    finally:
+        native.set_device_count(1)
+
+
+def check_autograd_queues(device_count: int) -> None:
+    """After init: a backward on the last remote_accel device (queued work, no round
+    trip) must find its autograd queue; it has one if every lower index has."""
+    global _checked_up_to
+    if device_count <= _checked_up_to:
+        return
+    leaf = torch.zeros((), device=f"remote_accel:{device_count - 1}", requires_grad=True)
+    try:
+        (leaf * 1).backward()
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+        raise RemoteAccelError(
+            "a backward pass ran in this process before remote_accel was set up, so PyTorch's "
+            f"autograd engine has no queue for remote_accel:{device_count - 1}: call remote_accel.init() "
+            "before the first backward()") from None
+    _checked_up_to = device_count
 
 
 def set_device_count(n: int) -> None:

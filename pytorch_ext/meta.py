@@ -212,15 +212,24 @@ def infer(op, args, kwargs) -> Optional[Plan]:
 
 def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> Plan:
     """Adjust a plan where the server's kernels give other shapes than the meta kernels."""
-    if server_device_type != "cpu":
-        return plan
-    training_at = _CPU_EVAL_BATCH_NORM.get(op_name(op), -1)
-    if training_at == -1:
-        return plan
-    if training_at is not None and (args[training_at] if len(args) > training_at else kwargs.get("training")):
-        return plan
+    name = op_name(op)
+    if server_device_type == "cpu":
+        training_at = _CPU_EVAL_BATCH_NORM.get(name, -1)
+        if training_at == -1:
+            return plan
+        if training_at is not None and (args[training_at] if len(args) > training_at else kwargs.get("training")):
+            return plan
+        return _emptied(plan, (1, 2))  # save_mean, save_invstd
+    if server_device_type == "cuda" and name == "aten::log_sigmoid_forward":
+        return _emptied(plan, (1,))  # CUDA keeps no buffer for the backward
+    return plan
+
+
+def _emptied(plan: Plan, positions) -> Plan:
+    """`plan` with the tensor results at `positions` made 1-d and empty, as kernels that
+    skip an auxiliary output return it."""
     results = list(plan.results)
-    for i in (1, 2):  # save_mean, save_invstd: ("tensor", shape, stride, dtype)
+    for i in positions:  # ("tensor", shape, stride, dtype)
         results[i] = ("tensor", (0,), (1,), results[i][3])
     return Plan(tuple(results))
 

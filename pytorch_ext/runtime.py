@@ -82,6 +82,11 @@ def init(
             s.freed_source = functools.partial(handles.take_freed, index)
         _sessions.extend(made)
         _register.set_device_count(len(_sessions))
+    try:
+        _register.check_autograd_queues(len(_sessions))
+    except RemoteAccelError:
+        shutdown()
+        raise
 
 
 def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float):

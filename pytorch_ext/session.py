@@ -195,6 +195,8 @@ class Session:
                     raise self._fail(ProtocolError(f"reply {reply.req_id} does not answer request {req_id}"))
                 decoded = m.decode(reply.type, reply.meta)
                 if isinstance(decoded, m.ErrorReply):
+                    if decoded.kind == "device_lost":  # the server exits: nothing more can run there
+                        raise self._fail(_remote_error(decoded))
                     raise _remote_error(decoded)
                 if not isinstance(decoded, reply_cls):
                     raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 #: `--device auto` tries these in order.
 AUTO_ORDER = ("cuda", "xpu", "mps")
 KNOWN_TYPES = ("cpu",) + AUTO_ORDER
+#: How the runtimes word their errors (torch before 2.8 raises them as plain RuntimeError).
+_ACCELERATOR_ERROR_TEXT = ("CUDA error", "HIP error", "device-side assert", "UR error")
 
 
 def _backend_available(kind: str) -> bool:
@@ -95,6 +97,25 @@ class ComputeDevice:
             stream.synchronize()
         elif self.accelerator:
             torch.accelerator.synchronize(self.index)
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether `exc` left the device unusable for the whole process.
+
+        CUDA's sticky errors (a device-side assert such as an index out of range, an
+        illegal address) poison the context: every later call fails, and freeing a tensor
+        can abort the process. They surface as torch.AcceleratorError (RuntimeError with
+        the runtime's message in older torch); a device-wide synchronize tells a sticky
+        error (it raises again) from one that was consumed."""
+        if not self.accelerator or isinstance(exc, torch.OutOfMemoryError):
+            return False
+        if not (type(exc).__name__ == "AcceleratorError"
+                or isinstance(exc, RuntimeError) and any(t in str(exc) for t in _ACCELERATOR_ERROR_TEXT)):
+            return False
+        try:
+            torch.accelerator.synchronize(self.index)
+        except Exception:
+            return True
+        return False
 
     def staging(self, nbytes: int) -> torch.Tensor:
         """Host bytes to receive into or send from: pinned where the device supports it, so

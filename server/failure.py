@@ -14,6 +14,12 @@ PROTOCOL = "protocol"
 UNKNOWN_OP = "unknown_op"
 BAD_HANDLE = "bad_handle"
 BUSY = "busy"
+#: The device itself failed (a CUDA device-side assert, an illegal address): every
+#: session's tensors are gone and the server process exits (status EXIT_DEVICE_LOST).
+DEVICE_LOST = "device_lost"
+
+#: The server's exit status after its device was lost, so a supervisor restarts it.
+EXIT_DEVICE_LOST = 3
 
 
 class Failure(Exception):

@@ -8,12 +8,14 @@ session; the server only counts sessions and sums their figures for STATS.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
 from .device import ComputeDevice
+from .failure import EXIT_DEVICE_LOST
 from .session import HELLO_TIMEOUT_S, Session
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,9 @@ class Server:
         self.max_clients = max_clients
         self.heartbeat_timeout = heartbeat_timeout
         self.stopping = False
+        # The error that made the device unusable; kept so that the tensors its frames
+        # hold are never freed (freeing on a lost CUDA context aborts the process).
+        self.device_error: BaseException | None = None
         self._lock = threading.Lock()
         self._live: set[Session] = set()  # every connection, handshaking or admitted
         self._admitted: set[Session] = set()
@@ -123,6 +128,31 @@ class Server:
             "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
             "max_clients": self.max_clients,
         }
+
+    # -- a lost device ----------------------------------------------------------------------
+    def device_lost(self, exc: BaseException) -> str:
+        """Record that the device can no longer be used; returns what clients are told."""
+        with self._lock:
+            first = self.device_error is None
+            if first:
+                self.device_error = exc
+                self.stopping = True
+        text = (f"{self.device.name} hit an unrecoverable error: {type(exc).__name__}: {str(exc).strip()}. "
+                f"Every client's tensors on it are lost; the server exits (status {EXIT_DEVICE_LOST}) "
+                "so that it can be restarted")
+        if first:
+            log.critical("%s", text)
+        return text
+
+    def exit_if_device_lost(self) -> None:
+        """End the process at once once the device is lost: no tensor may be freed, no
+        thread joined (a CUDA context with a sticky error aborts in destructors). Clients
+        see the connection close; the one whose request hit the error was told why."""
+        if self.device_error is None:
+            return
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_DEVICE_LOST)
 
     # -- shutdown --------------------------------------------------------------------------------
     def shutdown(self, timeout: float = HELLO_TIMEOUT_S) -> None:

@@ -170,10 +170,13 @@ class Session:
                     return f"protocol error: {exc}"
                 self._send_quietly(m.ErrorReply(failure.PROTOCOL, str(exc), ""))
                 continue
-            if not self._dispatch(msg):
+            going_on = self._dispatch(msg)
+            self.server.exit_if_device_lost()  # after the reply that says so has left
+            if not going_on:
                 return "goodbye"
 
     def _release(self, reason: str) -> None:
+        self.server.exit_if_device_lost()  # freeing tensors of a lost device can abort the process
         try:
             if self.executor is not None:
                 self.device.synchronize(self._stream)
@@ -281,8 +284,15 @@ class Session:
     def _fail(self, exc: BaseException) -> None:
         """Keep the first error of one-way work for the next sync point."""
         if self.pending is None:
-            self.pending = _error_reply(exc)
+            self.pending = self._error_reply(exc)
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
+
+    def _error_reply(self, exc: BaseException) -> m.ErrorReply:
+        if self.device.lost(exc):
+            text = self.server.device_lost(exc)
+            return m.ErrorReply(failure.DEVICE_LOST, _clip(text, _MAX_MESSAGE_TEXT),
+                                _clip("".join(traceback.format_exception(exc)), _MAX_TRACE_TEXT))
+        return _error_reply(exc)
 
     def _report_pending(self, req_id: int) -> bool:
         if self.pending is None:
@@ -351,7 +361,7 @@ class Session:
         except TransportError:
             raise
         except Exception as exc:
-            self._send(_error_reply(exc), msg.req_id)
+            self._send(self._error_reply(exc), msg.req_id)
 
     def _on_read(self, request: m.ReadStorage, msg: Message, plan) -> None:
         if self._report_pending(msg.req_id):
@@ -365,7 +375,7 @@ class Session:
                 view = staging
             payload = host_bytes(view)
         except Exception as exc:
-            self._send(_error_reply(exc), msg.req_id)
+            self._send(self._error_reply(exc), msg.req_id)
             return
         self._send(m.Data(request.nbytes), msg.req_id, (payload,))
 
@@ -411,7 +421,7 @@ class Session:
             else:
                 raise ProtocolError(f"unknown Rng action {request.action!r}")
         except Exception as exc:
-            self._send(_error_reply(exc), msg.req_id)
+            self._send(self._error_reply(exc), msg.req_id)
             return
         self._send(m.RngReply(state), msg.req_id)
 

@@ -37,6 +37,20 @@ from .storage import span_bytes
 _LISTENING = re.compile(r"listening on (\S+)")
 
 
+def reference_device(server_device: str) -> str:
+    """The local device a remote run is compared with: the server's own kind where this
+    host has one too (the GPU check runs client and server on one machine), so that
+    random streams and kernels are the same; CPU otherwise."""
+    kind = server_device.split(":")[0]
+    if kind != "cpu":
+        import torch
+
+        module = getattr(torch, kind, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            return kind
+    return "cpu"
+
+
 class ServerProcess:
     """`python -m remote_accel.server` on 127.0.0.1 with a free port and a private token.
 
@@ -44,8 +58,10 @@ class ServerProcess:
     client slots' lock files) is private too, so DPDK clients started with
     `env=server.client_env()` find this server and no other."""
 
-    def __init__(self, *options: str, device: str = "cpu", eal: tuple = (), token: str = "test-token",
-                 start_timeout: float = 180.0, env: Optional[dict] = None):
+    def __init__(self, *options: str, device: Optional[str] = None, eal: tuple = (),
+                 token: str = "test-token", start_timeout: float = 180.0, env: Optional[dict] = None):
+        # REMOTE_ACCEL_TEST_DEVICE=cuda runs every test's server (and the benchmarks') on a GPU.
+        self.device = device or os.environ.get("REMOTE_ACCEL_TEST_DEVICE", "cpu")
         self._dir = tempfile.TemporaryDirectory(prefix="ra-server-")
         self.token = token
         self.token_file = os.path.join(self._dir.name, "token")
@@ -53,7 +69,7 @@ class ServerProcess:
             f.write(token)
         self.log_file = os.path.join(self._dir.name, "server.log")
         self.args = [sys.executable, "-m", "remote_accel.server", *eal, "--", "--listen", "127.0.0.1:0",
-                     "--device", device, "--token-file", self.token_file, *options]
+                     "--device", self.device, "--token-file", self.token_file, *options]
         self.addresses: list[str] = []
         self._start_timeout = start_timeout
         self.runtime_dir = self._dir.name

@@ -202,6 +202,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("live_storages", [](int device) { return ra::live_storages(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Number of this device's storages still alive.");
 
+  m.attr("MAX_DEVICES") = ra::kMaxDevices;
   m.def("set_device_count", &ra::set_device_count, py::arg("count"));
   m.def("device_count", [] { return static_cast<int>(ra::device_count()); });
   m.def("current_device", [] { return static_cast<int>(ra::current_device()); },

@@ -1,8 +1,9 @@
 """Real models trained 20 steps against a server process, over TCP and over DPDK memif.
 
 The client is a process of its own (train_models.py: one EAL per process); it trains each
-model on local CPU and on remote_accel, and the loss curves must agree. The server runs
-on CPU, so the remote run draws the same dropout masks as the local one.
+model locally and on remote_accel, and the loss curves must agree. Locally means on the
+server's kind of device (server.testing.reference_device): CPU in CI, the GPU in the GPU
+check; so the remote run draws the same dropout masks as the local one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from remote_accel.server.testing import ServerProcess
+from remote_accel.server.testing import ServerProcess, reference_device
 
 SCRIPT = pathlib.Path(__file__).with_name("train_models.py")
 CLIENT_TIMEOUT_S = 600
@@ -36,7 +37,7 @@ def test_cnn_and_transformer_train_like_cpu(transport, tmp_path):
     with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp",
                        start_timeout=180) as server:
         args = [sys.executable, str(SCRIPT), "--transport", transport, "--token", server.token,
-                "--workdir", str(tmp_path)]
+                "--workdir", str(tmp_path), "--reference", reference_device(server.device)]
         if transport == "tcp":
             args += ["--server", "%s:%d" % server.tcp]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
@@ -48,7 +49,7 @@ def test_cnn_and_transformer_train_like_cpu(transport, tmp_path):
     runs = {line["model"]: line for line in lines[1:]}
     assert set(runs) == {"cnn", "transformer"}
     for name, run in runs.items():
-        assert len(run["remote"]) == len(run["cpu"]) == 20
-        assert run["remote"] == pytest.approx(run["cpu"], rel=1e-3, abs=1e-4), name
-        first, last = sum(run["cpu"][:4]), sum(run["cpu"][-4:])  # one pass over the data each
-        assert last < first, f"{name} did not learn: {run['cpu']}"
+        assert len(run["remote"]) == len(run["local"]) == 20
+        assert run["remote"] == pytest.approx(run["local"], rel=1e-3, abs=1e-4), name
+        first, last = sum(run["local"][:4]), sum(run["local"][-4:])  # one pass over the data each
+        assert last < first, f"{name} did not learn: {run['local']}"

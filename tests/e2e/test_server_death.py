@@ -1,10 +1,11 @@
-"""A server killed mid-training becomes a RemoteAccelError within the timeout, no hang."""
+"""A server that dies, killed or by its device's fault, becomes a RemoteAccelError, no hang."""
 
 import subprocess
 import sys
 import textwrap
 import time
 
+from remote_accel.server.failure import EXIT_DEVICE_LOST
 from remote_accel.server.testing import ServerProcess
 
 CLIENT = textwrap.dedent("""
@@ -52,3 +53,40 @@ def test_killed_server_turns_into_error():
     assert "ERROR after" in out and "later ops fail too" in out
     seconds = float(out.split("ERROR after ")[1].split("s:")[0])
     assert seconds < 3.0 + 5.0
+
+
+INDEX_ERROR_CLIENT = textwrap.dedent("""
+    import sys, torch, remote_accel
+    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2], timeout=10.0)
+    a = torch.ones(4, device="remote_accel")
+    idx = torch.tensor([0, 10]).to("remote_accel")
+    for name, step in (("index", lambda: a[idx].cpu()), ("after", lambda: (a + 1).cpu().tolist())):
+        try:
+            print(name, "ok", step(), flush=True)
+        except remote_accel.RemoteAccelError as exc:
+            print(name, "error", str(exc).splitlines()[0], flush=True)
+""")
+
+
+def test_out_of_range_index_fails_at_the_next_sync():
+    """The index op is queued; its failure on the server surfaces at the sync. On CPU the
+    session goes on. On CUDA it is a device-side assert, which poisons the process's CUDA
+    context: the server tells the client so and exits with EXIT_DEVICE_LOST (a supervisor
+    restarts it) instead of aborting in a destructor."""
+    with ServerProcess() as server:
+        host, port = server.tcp
+        proc = subprocess.run([sys.executable, "-c", INDEX_ERROR_CLIENT, f"{host}:{port}", server.token],
+                              capture_output=True, text=True, timeout=120)
+        lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert lines["index"].startswith("error "), lines
+        if server.device == "cpu":
+            assert "out of" in lines["index"] and "bounds" in lines["index"], lines
+            assert lines["after"] == "ok [2.0, 2.0, 2.0, 2.0]"
+            assert server.alive()
+        else:
+            assert "unrecoverable error" in lines["index"], lines
+            assert lines["after"].startswith("error the remote_accel server at"), lines
+            assert "unrecoverable error" in lines["after"], lines
+            assert server.proc.wait(timeout=30) == EXIT_DEVICE_LOST, server.log()
+            assert "Traceback" not in server.log() and "terminate called" not in server.log(), server.log()

@@ -1,10 +1,11 @@
 """Training runs for the end-to-end tests, as a user would write them.
 
     python train_models.py --transport tcp|dpdk [--server HOST:PORT] --token T --workdir DIR
+                           [--reference cpu|cuda]
 
-Trains each model 20 steps on local CPU and on remote_accel (in this one process, so a
-DPDK client owns its EAL for its whole life) and prints one JSON line per model with
-both loss curves. The remote run of the Transformer saves a checkpoint at step 10,
+Trains each model 20 steps locally (on CPU, or on the --reference device) and on
+remote_accel (in this one process, so a DPDK client owns its EAL for its whole life) and
+prints one JSON line per model with both loss curves. The remote run of the Transformer saves a checkpoint at step 10,
 rebuilds model, optimizer and scheduler from it with map_location="remote_accel", and
 goes on, so its curve must equal an uninterrupted run.
 """
@@ -12,9 +13,12 @@ goes on, so its curve must equal an uninterrupted run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import subprocess
+import sys
 
 import torch
 import torch.nn as nn
@@ -73,7 +77,7 @@ def train_cnn(device: str) -> list[float]:
     model = ConvNet().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     xs, ys = cnn_data()
-    torch.manual_seed(10)  # the dropout masks: the same stream on CPU and on a CPU server
+    torch.manual_seed(10)  # the dropout masks: the same stream locally and on a server of that kind
     losses = []
     for x, y in zip(xs, ys):
         opt.zero_grad()
@@ -101,7 +105,8 @@ def train_transformer(device: str, checkpoint: str | None = None) -> list[float]
     losses = []
     for step, (x, y) in enumerate(zip(xs, ys)):
         if checkpoint and step == STEPS // 2:
-            rng = torch.get_rng_state(), torch.remote_accel.get_rng_state() if device != "cpu" else None
+            device_rng = getattr(torch, device) if device != "cpu" else None  # torch.cuda, torch.remote_accel
+            rng = torch.get_rng_state(), device_rng.get_rng_state() if device_rng else None
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()},
                        checkpoint)
             del model, opt, sched
@@ -113,7 +118,7 @@ def train_transformer(device: str, checkpoint: str | None = None) -> list[float]
             sched.load_state_dict(state["sched"])
             torch.set_rng_state(rng[0])
             if rng[1] is not None:
-                torch.remote_accel.set_rng_state(rng[1])
+                device_rng.set_rng_state(rng[1])
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
         loss.backward()
@@ -124,23 +129,52 @@ def train_transformer(device: str, checkpoint: str | None = None) -> list[float]
     return losses
 
 
+def train_locally(device: str, workdir: str) -> dict:
+    attention = contextlib.nullcontext()
+    if device == "cuda":
+        # On remote_accel, attention runs in its decomposed math form (the client picks the
+        # kernel by device type); CUDA's fused kernels draw their dropout differently.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        attention = sdpa_kernel(SDPBackend.MATH)
+    with attention:
+        return {"cnn": train_cnn(device),
+                "transformer": train_transformer(device, os.path.join(workdir, "local.pt"))}
+
+
+def reference_curves(args) -> dict:
+    if args.reference == "cpu":
+        return train_locally("cpu", args.workdir)
+    # PyTorch takes a registered PrivateUse1 backend for the process's one accelerator, and
+    # local CUDA autograd then fails its stream checks: the reference runs in a process that
+    # never calls remote_accel.init().
+    child = subprocess.run([sys.executable, __file__, "--local-only", "--reference", args.reference,
+                            "--workdir", args.workdir, "--transport", args.transport, "--token", "-"],
+                           capture_output=True, text=True, check=True)
+    return json.loads(child.stdout.splitlines()[-1])
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--transport", choices=("tcp", "dpdk"), required=True)
     p.add_argument("--server", default=None)
     p.add_argument("--token", required=True)
     p.add_argument("--workdir", required=True)
+    p.add_argument("--reference", default="cpu", help="the local device to compare with (default: cpu)")
+    p.add_argument("--local-only", action="store_true", help="only the reference runs, one JSON line")
     args = p.parse_args()
+    if args.local_only:
+        print(json.dumps(train_locally(args.reference, args.workdir)), flush=True)
+        return 0
+    # init before any backward: autograd makes its per-device queues at the first one
     remote_accel.init(transport=args.transport, server=args.server, token=args.token, timeout=60)
+    local = reference_curves(args)
     peer = remote_accel.pytorch_ext.runtime.sessions()[0].transport.peer
     print(json.dumps({"peer": peer}), flush=True)
-    results = {
-        "cnn": (train_cnn("cpu"), train_cnn("remote_accel")),
-        "transformer": (train_transformer("cpu"),
-                        train_transformer("remote_accel", os.path.join(args.workdir, "ckpt.pt"))),
-    }
-    for name, (local, remote) in results.items():
-        print(json.dumps({"model": name, "cpu": local, "remote": remote}), flush=True)
+    remote = {"cnn": train_cnn("remote_accel"),
+              "transformer": train_transformer("remote_accel", os.path.join(args.workdir, "remote.pt"))}
+    for name in remote:
+        print(json.dumps({"model": name, "local": local[name], "remote": remote[name]}), flush=True)
     remote_accel.shutdown()
     return 0
 
