@@ -46,6 +46,13 @@ _STRINGS_MAX = 1 << 12
 _INT64 = (-(1 << 63), 1 << 63)
 
 
+def encode_int(v: int) -> bytes:
+    """encode(v) for an int, without the generic dispatch (ids in cached op encodings)."""
+    if -_SMALL_BIAS <= v < _SMALL_BIAS:
+        return _SMALL_INTS[v + _SMALL_BIAS]
+    return b"\x03" + _Q.pack(v)
+
+
 def encode(value: Any) -> bytes:
     out = bytearray()
     _encode(value, out, 0)

@@ -14,8 +14,9 @@ import logging
 
 import torch
 
+from ..dataplane import messages as m
 from ..dataplane import torch_values as tv
-from ..dataplane.codec import Ext
+from ..dataplane.codec import Ext, Raw, encode, encode_int
 from . import handles, meta, runtime, transfer
 
 log = logging.getLogger(__name__)
@@ -73,26 +74,120 @@ def run_op(op, args, kwargs):
     args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     index = _device_index(args, kwargs)
     session = runtime.session(index)
-    plan = meta.infer(op, args, kwargs)
+    plan, key = meta.infer_keyed(op, args, kwargs)
     if plan is None:
         return run_with_reply(op, args, kwargs, index)
     plan = meta.for_server_device(op, plan, args, kwargs, session.device_type)
     device = torch.device("remote_accel", index)
-    results, out_refs = [], []
+    results, outs = [], []  # outs: the fresh result tensors, numbered as the server does
     for spec in plan.results:
-        value, refs = _materialise(spec, args, kwargs, device, index)
+        value = _materialise(spec, args, kwargs, device)
         results.append(value)
-        out_refs.append(refs)
-    enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
-    # the server numbers results with Tensor[] returns expanded in place
-    flat_refs = []
-    for spec, refs in zip(plan.results, out_refs):
-        if spec[0] == "list":
-            flat_refs.extend(refs)
+        if spec[0] == "tensor":
+            outs.append(value)
+        elif spec[0] == "list":  # Tensor[] returns are expanded in place
+            outs.extend(v if s[0] == "tensor" else None for v, s in zip(value, spec[1]))
         else:
-            flat_refs.append(refs)
-    session.run(meta.op_name(op), enc_args, enc_kwargs, tuple(flat_refs), _stream(op, index))
+            outs.append(None)
+    encoding = _cached_encoding(op, key, args, kwargs, outs, index) if key is not None else None
+    if encoding is not None:
+        session.run_encoded(encoding.fill(args, kwargs, outs, index))
+    else:
+        enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
+        out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
+        session.run(meta.op_name(op), enc_args, enc_kwargs, out_refs, _stream(op, index))
     return meta.pack_results(op, results)
+
+
+# -- cached encodings -----------------------------------------------------------------------------
+# A training loop sends the same ops on the same layouts again and again; their RunOp
+# items differ only in storage ids. So the encoding is made once per meta key (op and
+# argument metadata), device and argument offsets, with marker ids where the real ones
+# go, and each later call only joins the pieces with its ids.
+
+#: marker ids: no session hands out ids this large, and each encodes as 9 unusual bytes
+_MARK = 0x5A5A_A5A5 << 28
+_ENCODINGS_MAX = 1 << 14
+_encodings: dict = {}
+_UNCACHEABLE = object()
+
+
+class _Encoding:
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: tuple):
+        self.pieces = pieces  # the item's bytes around its holes: one more than there are holes
+
+    def fill(self, args, kwargs, outs, index: int) -> Raw:
+        """The item for this call. Holes: a remote argument's storage id, a CPU scalar's
+        whole inline value (wrapped numbers differ call to call), a result's storage id."""
+        holes = [encode_int(handles.argument_sid(t, index)) if t.device.type != "cpu"
+                 else encode(tv.inline_cpu_tensor(t)) for t in _tensor_arguments(args, kwargs)]
+        holes += [encode_int(handles.output_sid(t, index)) for t in outs if t is not None]
+        pieces = self.pieces
+        parts = [pieces[0]]
+        for i, hole in enumerate(holes, 1):
+            parts.append(hole)
+            parts.append(pieces[i])
+        return Raw(b"".join(parts))
+
+
+def _tensor_arguments(args, kwargs) -> list:
+    """Tensor arguments in encoding order: positional, then keyword by name."""
+    found = []
+    for value in itertools.chain(args, (kwargs[k] for k in sorted(kwargs))):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif type(value) is list or type(value) is tuple:
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _cached_encoding(op, key, args, kwargs, outs, index: int):
+    tensors = _tensor_arguments(args, kwargs)
+    full_key = (key, index, tuple(t.storage_offset() for t in tensors))
+    encoding = _encodings.get(full_key)
+    if encoding is None:
+        encoding = _make_encoding(op, args, kwargs, tensors, outs, index)
+        if len(_encodings) >= _ENCODINGS_MAX:
+            _encodings.clear()
+        _encodings[full_key] = encoding
+    return None if encoding is _UNCACHEABLE else encoding
+
+
+def _make_encoding(op, args, kwargs, tensors, outs, index: int):
+    schema = meta.schema_of(op)
+    if schema.generator_arg is not None or schema.seeded_without_generator:
+        return _UNCACHEABLE  # random streams move on: their references change call to call
+    marks = itertools.count(_MARK)
+
+    def marked_ref(t):
+        if t.device.type == "cpu":
+            return Raw(encode_int(next(marks)))
+        if t.device.type != "remote_accel":
+            raise RuntimeError(f"remote_accel cannot mix in a tensor on {t.device}")
+        return tv.encoded_tensor_ref(next(marks), t.dtype, t.shape, t.stride(), t.storage_offset(),
+                                     handles.ref_flags(t))
+
+    enc_args = tuple(_encode(a, marked_ref, index) for a in args)
+    enc_kwargs = {k: _encode(kwargs[k], marked_ref, index) for k in sorted(kwargs)}
+    n_in = next(marks) - _MARK  # the marks handed out so far
+    if n_in != len(tensors):
+        return _UNCACHEABLE  # tensors nested deeper than _tensor_arguments looks
+    out_marks = itertools.count(_MARK + n_in)
+    out_refs = [None if t is None else tv.encoded_tensor_ref(next(out_marks), t.dtype, t.shape, t.stride(),
+                                                             t.storage_offset(), 0) for t in outs]
+    item = encode(m.batch_item(m.RunOp(meta.op_name(op), enc_args, enc_kwargs, tuple(out_refs), False, None)))
+    pieces, rest = [], item
+    for k in range(len(tensors) + sum(t is not None for t in outs)):
+        mark = encode_int(_MARK + k)
+        at = rest.find(mark)
+        if at < 0 or rest.find(mark, at + 1) >= 0:
+            return _UNCACHEABLE  # not exactly once where expected: do not guess
+        pieces.append(rest[:at])
+        rest = rest[at + len(mark):]
+    pieces.append(rest)
+    return _Encoding(tuple(pieces))
 
 
 def _stream(op, index: int):
@@ -100,27 +195,25 @@ def _stream(op, index: int):
     return handles.generator_ref(None, index) if meta.schema_of(op).seeded_without_generator else None
 
 
-def _materialise(spec, args, kwargs, device, index):
-    """One result of an op: (the tensor(s) the caller gets, their wire references)."""
+def _materialise(spec, args, kwargs, device):
+    """One result of an op: the tensor(s) the caller gets."""
     kind = spec[0]
     if kind == "arg":  # in-place / out=: the result is an argument itself
         value = meta.argument(args, kwargs, spec[1])
         if spec[2] is not None and tuple(value.shape) != spec[2]:
             value.resize_(spec[2])  # out= tensors of another shape are resized, as in eager
-        return value, None
+        return value
     if kind == "view":  # a non-writing alias of an argument: metadata only
         base = meta.argument(args, kwargs, spec[1])
         _, _, shape, stride, offset, dtype = spec
-        return torch.as_strided(base, shape, stride, base.storage_offset() + offset), None
+        return torch.as_strided(base, shape, stride, base.storage_offset() + offset)
     if kind == "tensor":
         _, shape, stride, dtype = spec
-        t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-        return t, handles.output_ref(t, index)
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     if kind == "list":
-        items = [_materialise(s, args, kwargs, device, index) for s in spec[1]]
-        return [v for v, _ in items], tuple(r for _, r in items)
+        return [_materialise(s, args, kwargs, device) for s in spec[1]]
     if kind == "none":
-        return None, None
+        return None
     raise AssertionError(f"unknown result kind {kind}")
 
 

@@ -55,22 +55,34 @@ def tensor_ref(t: torch.Tensor, index: int) -> Ext:
     """The wire reference of a tensor argument (remote storage, or a small CPU value)."""
     if t.device.type == "cpu":
         return tv.inline_cpu_tensor(t)
+    return tv.encoded_tensor_ref(argument_sid(t, index), t.dtype, t.shape, t.stride(), t.storage_offset(),
+                                 ref_flags(t))
+
+
+def argument_sid(t: torch.Tensor, index: int) -> int:
+    """The storage id of a remote tensor argument of an op on device `index`."""
     if t.device.type != "remote_accel":
         raise RuntimeError(f"remote_accel cannot mix in a tensor on {t.device}")
     if device_index(t) != index:
         raise RuntimeError(f"expected all tensors on remote_accel:{index}, found one on {t.device}")
-    sid = announce(t, index)
-    flags = (tv.FLAG_CONJ if t.is_conj() else 0) | (tv.FLAG_NEG if t.is_neg() else 0)
-    return tv.encoded_tensor_ref(sid, t.dtype, t.shape, t.stride(), t.storage_offset(), flags)
+    return announce(t, index)
 
 
-def output_ref(t: torch.Tensor, index: int):
-    """The reference of a fresh tensor an op is about to fill. No ALLOC: the server
+def ref_flags(t: torch.Tensor) -> int:
+    return (tv.FLAG_CONJ if t.is_conj() else 0) | (tv.FLAG_NEG if t.is_neg() else 0)
+
+
+def output_sid(t: torch.Tensor, index: int) -> int:
+    """The storage id of a fresh tensor an op is about to fill. No ALLOC: the server
     creates the storage when it binds the op's result to this id."""
     sid = _C.storage_id(t)
     if sid:
         _announced.setdefault(index, set()).add(sid)
-    return tv.encoded_tensor_ref(sid, t.dtype, t.shape, t.stride(), t.storage_offset(), 0)
+    return sid
+
+
+def output_ref(t: torch.Tensor, index: int):
+    return tv.encoded_tensor_ref(output_sid(t, index), t.dtype, t.shape, t.stride(), t.storage_offset(), 0)
 
 
 def generator_ref(gen: torch.Generator | None, index: int) -> Ext:

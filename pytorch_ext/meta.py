@@ -8,6 +8,8 @@ Meta inference costs 100 us to 1 ms, so plans are cached per (op, argument metad
 
 from __future__ import annotations
 
+import math
+
 import functools
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -169,6 +171,8 @@ def _signature(value) -> Any:
     if isinstance(value, torch.device):
         return ("D", value.type)
     hash(value)
+    if value == 0 and type(value) is float:
+        return ("float", value, math.copysign(1.0, value))  # -0.0 == 0.0, but it is sent as is
     return (type(value).__name__, value)
 
 
@@ -190,12 +194,18 @@ def _to_meta(value):
 
 
 def infer(op, args, kwargs) -> Optional[Plan]:
+    return infer_keyed(op, args, kwargs)[0]
+
+
+def infer_keyed(op, args, kwargs) -> tuple:
+    """(the plan or None, its cache key or None): the key names the op and every
+    argument's metadata, so callers may cache more per key (fallback's encodings)."""
     name = op._schema.name
     if name in DATA_DEPENDENT or f"{name}.{op._overloadname}" in DATA_DEPENDENT:
-        return None
+        return None, None
     schema = schema_of(op)
     if "other" in schema.kinds:
-        return None
+        return None, None
     try:
         key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
     except TypeError:  # an unhashable argument: infer without caching
@@ -207,7 +217,7 @@ def infer(op, args, kwargs) -> Optional[Plan]:
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
             _cache[key] = plan
-    return plan
+    return plan, key
 
 
 def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> Plan:

@@ -71,6 +71,15 @@ class Session:
         self.counters["ops"] += 1
         self._queue(m.RunOp(op, args, kwargs, outs, False, stream))
 
+    def run_encoded(self, item: bytes) -> None:
+        """Queue a RunOp batch item encoded by the caller (fallback's cached encodings)."""
+        self.counters["ops"] += 1
+        with self._lock:
+            self._check_alive()
+            self._items.append(item)
+            if len(self._items) >= MAX_BATCH_ITEMS:
+                self.flush()
+
     def write(self, sid: int, offset: int, data) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
 
