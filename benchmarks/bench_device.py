@@ -2,9 +2,9 @@
 
     python benchmarks/bench_device.py [--transport tcp|dpdk] [--steps N]
 
-Starts a server (CPU device) and reports: client cost per queued op (enqueue only),
-ops per second end to end, round trips per training step, and remote vs local step
-time for a small MLP, eager and compiled.
+Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) and reports: client cost per
+queued op (enqueue only), ops per second end to end, round trips per training step, and
+remote vs local step time for a small MLP, eager and compiled.
 """
 
 from __future__ import annotations
