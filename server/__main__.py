@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Execute remote_accel clients' PyTorch ops on this host's device.",
         epilog="With --transport dpdk and no EAL options, the server is a local memif server on "
                f"{config.default_memif_socket()}, which `remote_accel.init(transport=\"dpdk\", port=0)` "
-               "on this host finds by itself.")
+               "on this host finds by itself. Exit status: 0 after SIGINT/SIGTERM, 2 for bad options, "
+               "3 when the device failed for good (a CUDA device-side assert): restart the server then.")
     p.add_argument("--transport", type=parse_transports, default=("tcp",), metavar="tcp|dpdk|tcp,dpdk",
                    help="which clients to serve; tcp,dpdk serves both at once (default: tcp)")
     p.add_argument("--listen", type=parse_listen, default=parse_listen(config.DEFAULT_TCP_SERVER),
