@@ -89,9 +89,10 @@ def run_op(op, args, kwargs):
             outs.extend(v if s[0] == "tensor" else None for v, s in zip(value, spec[1]))
         else:
             outs.append(None)
-    encoding = _cached_encoding(op, key, args, kwargs, outs, index) if key is not None else None
+    tensors = _tensor_arguments(args, kwargs) if key is not None else None
+    encoding = _cached_encoding(op, key, args, kwargs, tensors, outs, index) if key is not None else None
     if encoding is not None:
-        session.run_encoded(encoding.fill(args, kwargs, outs, index))
+        session.run_encoded(encoding.fill(tensors, outs, index))
     else:
         enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
         out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
@@ -118,11 +119,12 @@ class _Encoding:
     def __init__(self, pieces: tuple):
         self.pieces = pieces  # the item's bytes around its holes: one more than there are holes
 
-    def fill(self, args, kwargs, outs, index: int) -> Raw:
-        """The item for this call. Holes: a remote argument's storage id, a CPU scalar's
-        whole inline value (wrapped numbers differ call to call), a result's storage id."""
+    def fill(self, tensors: list, outs, index: int) -> Raw:
+        """The item for this call, `tensors` its _tensor_arguments. Holes: a remote
+        argument's storage id, a CPU scalar's whole inline value (wrapped numbers differ
+        call to call), a result's storage id."""
         holes = [encode_int(handles.argument_sid(t, index)) if t.device.type != "cpu"
-                 else encode(tv.inline_cpu_tensor(t)) for t in _tensor_arguments(args, kwargs)]
+                 else encode(tv.inline_cpu_tensor(t)) for t in tensors]
         holes += [encode_int(handles.output_sid(t, index)) for t in outs if t is not None]
         pieces = self.pieces
         parts = [pieces[0]]
@@ -143,8 +145,7 @@ def _tensor_arguments(args, kwargs) -> list:
     return found
 
 
-def _cached_encoding(op, key, args, kwargs, outs, index: int):
-    tensors = _tensor_arguments(args, kwargs)
+def _cached_encoding(op, key, args, kwargs, tensors, outs, index: int):
     full_key = (key, index, tuple(t.storage_offset() for t in tensors))
     encoding = _encodings.get(full_key)
     if encoding is None:
@@ -164,8 +165,7 @@ def _make_encoding(op, args, kwargs, tensors, outs, index: int):
     def marked_ref(t):
         if t.device.type == "cpu":
             return Raw(encode_int(next(marks)))
-        if t.device.type != "remote_accel":
-            raise RuntimeError(f"remote_accel cannot mix in a tensor on {t.device}")
+        # a tensor on another device is refused by fill (handles.argument_sid)
         return tv.encoded_tensor_ref(next(marks), t.dtype, t.shape, t.stride(), t.storage_offset(),
                                      handles.ref_flags(t))
 

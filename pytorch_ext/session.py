@@ -74,11 +74,7 @@ class Session:
     def run_encoded(self, item: bytes) -> None:
         """Queue a RunOp batch item encoded by the caller (fallback's cached encodings)."""
         self.counters["ops"] += 1
-        with self._lock:
-            self._check_alive()
-            self._items.append(item)
-            if len(self._items) >= MAX_BATCH_ITEMS:
-                self.flush()
+        self._queue_item(item)
 
     def write(self, sid: int, offset: int, data) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
@@ -96,9 +92,12 @@ class Session:
             self._queue(m.WriteStorage(sid, offset, view.nbytes), bytes(view))
 
     def _queue(self, msg, payload: Optional[bytes] = None) -> None:
+        self._queue_item(m.batch_item(msg), payload)
+
+    def _queue_item(self, item, payload: Optional[bytes] = None) -> None:
         with self._lock:
             self._check_alive()
-            self._items.append(m.batch_item(msg))
+            self._items.append(item)
             if payload is not None:
                 self._payloads.append(payload)
                 self._payload_bytes += len(payload)

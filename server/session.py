@@ -288,11 +288,11 @@ class Session:
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
 
     def _error_reply(self, exc: BaseException) -> m.ErrorReply:
+        reply = _error_reply(exc)
         if self.device.lost(exc):
-            text = self.server.device_lost(exc)
-            return m.ErrorReply(failure.DEVICE_LOST, _clip(text, _MAX_MESSAGE_TEXT),
-                                _clip("".join(traceback.format_exception(exc)), _MAX_TRACE_TEXT))
-        return _error_reply(exc)
+            reply = m.ErrorReply(failure.DEVICE_LOST, _clip(self.server.device_lost(exc), _MAX_MESSAGE_TEXT),
+                                 reply.trace)
+        return reply
 
     def _report_pending(self, req_id: int) -> bool:
         if self.pending is None:

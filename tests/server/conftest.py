@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from remote_accel.server.testing import Client, ServerProcess
 
-#: `REMOTE_ACCEL_TEST_DEVICE=cuda pytest tests/server` runs the same tests on a GPU.
-DEVICE = os.environ.get("REMOTE_ACCEL_TEST_DEVICE", "cpu")
+# `REMOTE_ACCEL_TEST_DEVICE=cuda pytest tests/server` runs the same tests on a GPU
+# (ServerProcess reads it).
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--log-level", "debug", device=DEVICE) as proc:
+    with ServerProcess("--log-level", "debug") as proc:
         yield proc
         assert proc.alive(), f"the server died:\n{proc.log()}"
         assert "Traceback" not in proc.log(), f"the server hit a bug:\n{proc.log()}"

@@ -22,7 +22,6 @@ try:
 except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
     pytest.skip(f"DPDK transport unavailable: {exc}", allow_module_level=True)
 
-DEVICE = os.environ.get("REMOTE_ACCEL_TEST_DEVICE", "cpu")
 CLIENT_TIMEOUT_S = 180  # EAL start-up is a few seconds; a loaded 2-core machine is slow
 
 PRELUDE = textwrap.dedent("""
@@ -36,7 +35,7 @@ PRELUDE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--transport", "tcp,dpdk", "--heartbeat-timeout", "5", device=DEVICE,
+    with ServerProcess("--transport", "tcp,dpdk", "--heartbeat-timeout", "5",
                        start_timeout=CLIENT_TIMEOUT_S) as proc:
         assert any(a.startswith("dpdk:") for a in proc.addresses), proc.addresses
         yield proc
