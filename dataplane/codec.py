@@ -53,6 +53,11 @@ def encode_int(v: int) -> bytes:
     return b"\x03" + _Q.pack(v)
 
 
+def tuple_header(n: int) -> bytes:
+    """What encode() writes before the items of an n-tuple."""
+    return b"\x08" + _I.pack(n)
+
+
 def encode(value: Any) -> bytes:
     out = bytearray()
     _encode(value, out, 0)

@@ -270,3 +270,9 @@ def batch_items(batch: Batch) -> list:
 
 def batch_item(msg) -> tuple:
     return (int(msg.TYPE), fields_of(msg))
+
+
+def encoded_batch(n_items: int, items: bytes) -> bytes:
+    """encode(Batch(...)) from its items' encodings back to back (a client queues requests
+    encoded, some of them in C++)."""
+    return codec.tuple_header(1) + codec.tuple_header(n_items) + items

@@ -128,14 +128,21 @@ _SCALAR_PACK = {
 
 def inline_cpu_tensor(t: torch.Tensor) -> Ext:
     """A small CPU tensor, by value."""
-    pack = _SCALAR_PACK.get(t.dtype) if t.dim() == 0 else None
-    if pack is not None:  # the common case, in a few microseconds instead of ten
-        return Ext(CPU_TENSOR, (DTYPE_NAMES[t.dtype], (), pack.pack(t.item())))
+    if t.dim() == 0 and not t.is_conj() and not t.is_neg():  # the common case
+        return Ext(CPU_TENSOR, (dtype_name(t.dtype), (), scalar_bytes(t)))
     if t.nbytes > MAX_INLINE_BYTES:
         raise ValueError(f"CPU tensor of {t.nbytes} bytes is too large to pass inline")
     c = t.detach().resolve_conj().resolve_neg().contiguous()
     return Ext(CPU_TENSOR, (dtype_name(c.dtype), tuple(c.shape), c.view(-1).view(torch.uint8).numpy().tobytes()
                             if c.numel() else b""))
+
+
+def scalar_bytes(t: torch.Tensor) -> bytes:
+    """The value of a 0-dim CPU tensor as it lies in memory (little-endian)."""
+    pack = _SCALAR_PACK.get(t.dtype)
+    if pack is not None:  # a few microseconds instead of ten
+        return pack.pack(t.item())
+    return t.detach().reshape(1).view(torch.uint8).numpy().tobytes()
 
 
 def decode_cpu_tensor(value: Any) -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""The boxed fallback: every aten op on remote_accel tensors lands here.
+"""Python's half of the op fallback: every aten op on remote_accel tensors that the C++
+fallback (csrc/op_queue.cpp) cannot serve from a cached plan lands here.
 
 An op becomes a RunOp request queued on the device's session; it returns at once with
 result tensors whose shape, dtype and strides come from running the op on `meta`
-tensors (cached per op and argument metadata). Ops whose results depend on data
-(nonzero, unique, item, ...) or that have no meta kernel are sync points: they run at
-once and the server answers with the results' metadata.
+tensors (cached per op and argument metadata). The first call of each op and argument
+key also hands C++ a plan, so that later calls never reach Python. Ops whose results
+depend on data (nonzero, unique, item, ...) or that have no meta kernel are sync
+points: they run at once and the server answers with the results' metadata.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from ..dataplane import messages as m
 from ..dataplane import torch_values as tv
 from ..dataplane.codec import Ext, Raw, encode, encode_int
+from ..dataplane.wire import MsgType
 from . import handles, meta, runtime, transfer
 
 log = logging.getLogger(__name__)
@@ -63,21 +66,36 @@ def _encode(value, ref, index):
     return tv.encode_value(value, ref)
 
 
-def remote_fallback(op: torch._ops.OpOverload, *args, **kwargs):
+def slow_path(op: torch._ops.OpOverload, args: tuple, kwargs: dict, want_plan: bool) -> tuple:
+    """Every call the C++ fallback (csrc/op_queue.cpp) cannot serve from a cached plan.
+
+    Returns (results, plan): the plan for later calls with the same key when `want_plan`
+    and the call allows one (see _native_plan), else None; False when no call of this op
+    ever gets one (ops that draw random numbers, data-dependent ops, host transfers).
+    """
     special = transfer.SPECIAL_OPS.get(op)
-    if special is not None:
-        return special(op, args, kwargs)
-    return run_op(op, args, kwargs)
+    if special is not None and not transfer.runs_on_server(op, args):
+        return special(op, args, kwargs), (None if op in transfer.SOMETIMES_ON_SERVER else False)
+    return queue_op(op, args, kwargs, want_plan)
 
 
 def run_op(op, args, kwargs):
+    """Queue one op (or, where its results depend on data, run it now); its results."""
+    return queue_op(op, args, kwargs, False)[0]
+
+
+def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
     args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     index = _device_index(args, kwargs)
     session = runtime.session(index)
-    plan, key = meta.infer_keyed(op, args, kwargs)
+    plan = meta.infer(op, args, kwargs)
     if plan is None:
-        return run_with_reply(op, args, kwargs, index)
+        return run_with_reply(op, args, kwargs, index), (False if meta.always_replies(op) else None)
     plan = meta.for_server_device(op, plan, args, kwargs, session.device_type)
+    schema = meta.schema_of(op)
+    random = schema.generator_arg is not None or schema.seeded_without_generator
+    # a plan replays the results' making: not an out= tensor's resize
+    want_plan = want_plan and not random and not _resizes(plan, args, kwargs)
     device = torch.device("remote_accel", index)
     results, outs = [], []  # outs: the fresh result tensors, numbered as the server does
     for spec in plan.results:
@@ -89,49 +107,76 @@ def run_op(op, args, kwargs):
             outs.extend(v if s[0] == "tensor" else None for v, s in zip(value, spec[1]))
         else:
             outs.append(None)
-    tensors = _tensor_arguments(args, kwargs) if key is not None else None
-    encoding = _cached_encoding(op, key, args, kwargs, tensors, outs, index) if key is not None else None
-    if encoding is not None:
-        session.run_encoded(encoding.fill(tensors, outs, index))
+    native = None
+    if want_plan:
+        tensors = _tensor_arguments(args, kwargs)
+        native = _native_plan(op, plan, args, kwargs, tensors, outs, index)
+    if native is not None:  # this call sends what later ones will: one encoding to check
+        session.run_encoded(_filled(native[2], tensors, outs, index))
     else:
         enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
         out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
         session.run(meta.op_name(op), enc_args, enc_kwargs, out_refs, _stream(op, index))
-    return meta.pack_results(op, results)
+    return meta.pack_results(op, results), (False if random else native)
 
 
-# -- cached encodings -----------------------------------------------------------------------------
+def _resizes(plan, args, kwargs) -> bool:
+    return any(spec[0] == "arg" and spec[2] is not None and tuple(meta.argument(args, kwargs, spec[1]).shape) != spec[2]
+               for spec in plan.results)
+
+
+# -- plans for the C++ fallback -----------------------------------------------------------------
 # A training loop sends the same ops on the same layouts again and again; their RunOp
-# items differ only in storage ids. So the encoding is made once per meta key (op and
-# argument metadata), device and argument offsets, with marker ids where the real ones
-# go, and each later call only joins the pieces with its ids.
+# items differ only in storage ids and CPU scalar values. So the first call of each key
+# (op, argument metadata, scalar values) makes a plan: the results' making, and the
+# encoding with marker ids where the real ones go, cut at the markers. Later calls are
+# served in C++ (csrc/op_queue.cpp), which joins the pieces with their own ids.
 
 #: marker ids: no session hands out ids this large, and each encodes as 9 unusual bytes
 _MARK = 0x5A5A_A5A5 << 28
-_ENCODINGS_MAX = 1 << 14
-_encodings: dict = {}
-_UNCACHEABLE = object()
 
 
-class _Encoding:
-    __slots__ = ("pieces",)
+def _native_plan(op, plan, args, kwargs, tensors: list, outs: list, index: int):
+    """(number of tensor arguments, results, the RunOp item's bytes around its holes), or
+    None when this call cannot make one. Holes, in order: per tensor argument its storage
+    id, or for a 0-dim CPU tensor its value's bytes; then per fresh result its storage id."""
+    for t in tensors:
+        if t.device.type == "cpu" and (t.dim() != 0 or t.is_conj() or t.is_neg()):
+            return None  # sent whole by value: no hole of a fixed size
+    pieces = _encoding_pieces(op, args, kwargs, tensors, outs, index)
+    if pieces is None:
+        return None
+    schema = meta.schema_of(op)
+    return len(tensors), tuple(_plan_result(spec, schema) for spec in plan.results), pieces
 
-    def __init__(self, pieces: tuple):
-        self.pieces = pieces  # the item's bytes around its holes: one more than there are holes
 
-    def fill(self, tensors: list, outs, index: int) -> Raw:
-        """The item for this call, `tensors` its _tensor_arguments. Holes: a remote
-        argument's storage id, a CPU scalar's whole inline value (wrapped numbers differ
-        call to call), a result's storage id."""
-        holes = [encode_int(handles.argument_sid(t, index)) if t.device.type != "cpu"
-                 else encode(tv.inline_cpu_tensor(t)) for t in tensors]
-        holes += [encode_int(handles.output_sid(t, index)) for t in outs if t is not None]
-        pieces = self.pieces
-        parts = [pieces[0]]
-        for i, hole in enumerate(holes, 1):
-            parts.append(hole)
-            parts.append(pieces[i])
-        return Raw(b"".join(parts))
+def _plan_result(spec, schema) -> tuple:
+    """A meta.Plan result as op_queue.cpp reads it: arguments by their schema index."""
+    kind = spec[0]
+    if kind == "arg":
+        return ("arg", _schema_index(spec[1], schema))
+    if kind == "view":
+        _, locator, shape, stride, offset, _dtype = spec
+        return ("view", _schema_index(locator, schema), shape, stride, offset)
+    if kind == "list":
+        return ("list", tuple(_plan_result(s, schema) for s in spec[1]))
+    return spec  # ("tensor", shape, stride, dtype) or ("none",)
+
+
+def _schema_index(locator, schema) -> int:
+    return locator[1] if locator[0] == "pos" else schema.arg_names.index(locator[1])
+
+
+def _filled(pieces: tuple, tensors: list, outs, index: int) -> Raw:
+    """The plan's item for this call: what op_queue.cpp's serve() writes, in Python."""
+    holes = [encode_int(handles.argument_sid(t, index)) if t.device.type != "cpu" else tv.scalar_bytes(t)
+             for t in tensors]
+    holes += [encode_int(handles.output_sid(t, index)) for t in outs if t is not None]
+    parts = [pieces[0]]
+    for hole, piece in zip(holes, pieces[1:]):
+        parts.append(hole)
+        parts.append(piece)
+    return Raw(b"".join(parts))
 
 
 def _tensor_arguments(args, kwargs) -> list:
@@ -145,27 +190,15 @@ def _tensor_arguments(args, kwargs) -> list:
     return found
 
 
-def _cached_encoding(op, key, args, kwargs, tensors, outs, index: int):
-    full_key = (key, index, tuple(t.storage_offset() for t in tensors))
-    encoding = _encodings.get(full_key)
-    if encoding is None:
-        encoding = _make_encoding(op, args, kwargs, tensors, outs, index)
-        if len(_encodings) >= _ENCODINGS_MAX:
-            _encodings.clear()
-        _encodings[full_key] = encoding
-    return None if encoding is _UNCACHEABLE else encoding
-
-
-def _make_encoding(op, args, kwargs, tensors, outs, index: int):
-    schema = meta.schema_of(op)
-    if schema.generator_arg is not None or schema.seeded_without_generator:
-        return _UNCACHEABLE  # random streams move on: their references change call to call
+def _encoding_pieces(op, args, kwargs, tensors, outs, index: int):
+    """The RunOp item with a marker in each hole, cut at the markers; None if the markers
+    do not come out exactly once each, in order."""
     marks = itertools.count(_MARK)
 
     def marked_ref(t):
-        if t.device.type == "cpu":
-            return Raw(encode_int(next(marks)))
-        # a tensor on another device is refused by fill (handles.argument_sid)
+        if t.device.type == "cpu":  # the inline tensor's encoding up to its value bytes
+            return Raw(encode(tv.inline_cpu_tensor(t))[: -t.element_size()] + encode_int(next(marks)))
+        # a tensor on another device is refused by _filled (handles.argument_sid)
         return tv.encoded_tensor_ref(next(marks), t.dtype, t.shape, t.stride(), t.storage_offset(),
                                      handles.ref_flags(t))
 
@@ -173,7 +206,7 @@ def _make_encoding(op, args, kwargs, tensors, outs, index: int):
     enc_kwargs = {k: _encode(kwargs[k], marked_ref, index) for k in sorted(kwargs)}
     n_in = next(marks) - _MARK  # the marks handed out so far
     if n_in != len(tensors):
-        return _UNCACHEABLE  # tensors nested deeper than _tensor_arguments looks
+        return None  # tensors nested deeper than _tensor_arguments looks
     out_marks = itertools.count(_MARK + n_in)
     out_refs = [None if t is None else tv.encoded_tensor_ref(next(out_marks), t.dtype, t.shape, t.stride(),
                                                              t.storage_offset(), 0) for t in outs]
@@ -183,11 +216,16 @@ def _make_encoding(op, args, kwargs, tensors, outs, index: int):
         mark = encode_int(_MARK + k)
         at = rest.find(mark)
         if at < 0 or rest.find(mark, at + 1) >= 0:
-            return _UNCACHEABLE  # not exactly once where expected: do not guess
+            return None  # not exactly once where expected: do not guess
         pieces.append(rest[:at])
         rest = rest[at + len(mark):]
     pieces.append(rest)
-    return _Encoding(tuple(pieces))
+    return tuple(pieces)
+
+
+def forget_plans() -> None:
+    """Drop every cached plan: they hold result shapes for one server's device type."""
+    _C.clear_plans()
 
 
 def _stream(op, index: int):
@@ -263,22 +301,19 @@ def _adopt(session, temp_sid: int, desc: tuple, device, index) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=device).set_(storage.untyped_storage(), offset, shape, stride)
 
 
-_library = None
+_installed = False
 
 
 def register() -> None:
-    """Install the fallback for every op at the PrivateUse1 key (once per process)."""
-    global _library
-    if _library is None:
-        _library = torch.library.Library("_", "IMPL")
-        _library.fallback(remote_fallback, dispatch_key="PrivateUse1")
-        # these have a throwing default kernel, so the fallback never sees them unless
-        # registered by name; the server runs them as convolution(_backward)
-        global _aten_library
-        _aten_library = torch.library.Library("aten", "IMPL")
-        for name in ("convolution_overrideable", "convolution_backward_overrideable"):
-            op = getattr(torch.ops.aten, name).default
-            _aten_library.impl(name, lambda *a, _op=op, **k: run_op(_op, a, k), "PrivateUse1")
+    """Install the C++ fallback for every op at the PrivateUse1 key (once per process)."""
+    global _installed
+    if not _installed:
+        from .session import MAX_BATCH_ITEMS
+
+        _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), MAX_BATCH_ITEMS)
+        _installed = True
 
 
-_aten_library = None
+def _flush(index: int) -> None:
+    """The C++ queue of device `index` is full: send it."""
+    runtime.session(index).flush()

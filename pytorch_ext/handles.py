@@ -3,7 +3,8 @@
 A remote tensor is an ordinary torch.Tensor whose storage came from the C++ allocator:
 the storage's id names the server-side storage, and (size, stride, storage_offset,
 dtype, conj/neg bits) rebuild the exact view there. A storage is announced to the
-server (ALLOC) the first time an op uses it, and freed when the C++ deleter reports it.
+server (ALLOC) the first time an op uses it, and freed when the C++ deleter reports it;
+which storages the server knows is kept in C++, where the fallback serves cached ops.
 """
 
 from __future__ import annotations
@@ -16,39 +17,37 @@ from . import runtime
 from ._native import load
 
 _C = load()
-#: per device index: storage ids the server knows about
-_announced: dict[int, set] = {}
 
 
 def device_index(t: torch.Tensor) -> int:
     return t.device.index or 0
 
 
+class NativeQueue:
+    """A device's request queue in C++ (csrc/op_queue.h): ops served from cached plans,
+    and ALLOCs, wait there until the session takes them into its next batch."""
+
+    def __init__(self, index: int):
+        self.index = index
+        _C.queue_open(index)  # also forgets the storages an earlier server knew
+
+    def take(self) -> tuple[int, int, bytes]:
+        """(requests, of which ops, their encodings back to back) queued since the last take."""
+        return _C.queue_take(self.index)
+
+    def close(self) -> None:
+        _C.queue_close(self.index)
+
+
 def take_freed(index: int) -> list[int]:
     """Ids of storages the server knows that were freed since the last call: the session
     sends them with its next batch (one FREE per batch, not one per op)."""
-    freed = _C.drain_freed(index)
-    if not freed:
-        return freed
-    known = _announced.setdefault(index, set())
-    gone = [sid for sid in freed if sid in known]
-    known.difference_update(gone)
-    return gone
+    return _C.take_freed(index)
 
 
 def announce(t: torch.Tensor, index: int) -> int:
-    """The tensor's storage id, sending ALLOC first if the server has not seen it."""
-    sid = _C.storage_id(t)
-    if sid:
-        known = _announced.setdefault(index, set())
-        if sid not in known:
-            runtime.session(index).alloc(sid, t.untyped_storage().nbytes())
-            known.add(sid)
-    return sid
-
-
-def forget_device(index: int) -> None:
-    _announced.pop(index, None)
+    """The tensor's storage id, queueing ALLOC first if the server has not seen it."""
+    return _C.announce(t, index)
 
 
 def tensor_ref(t: torch.Tensor, index: int) -> Ext:
@@ -75,10 +74,7 @@ def ref_flags(t: torch.Tensor) -> int:
 def output_sid(t: torch.Tensor, index: int) -> int:
     """The storage id of a fresh tensor an op is about to fill. No ALLOC: the server
     creates the storage when it binds the op's result to this id."""
-    sid = _C.storage_id(t)
-    if sid:
-        _announced.setdefault(index, set()).add(sid)
-    return sid
+    return _C.announce_output(t, index)
 
 
 def output_ref(t: torch.Tensor, index: int):

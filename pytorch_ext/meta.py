@@ -193,31 +193,32 @@ def _to_meta(value):
     return value
 
 
-def infer(op, args, kwargs) -> Optional[Plan]:
-    return infer_keyed(op, args, kwargs)[0]
-
-
-def infer_keyed(op, args, kwargs) -> tuple:
-    """(the plan or None, its cache key or None): the key names the op and every
-    argument's metadata, so callers may cache more per key (fallback's encodings)."""
+@functools.lru_cache(maxsize=None)
+def always_replies(op) -> bool:
+    """Whether every call of `op` needs the server to say its results (data-dependent
+    ops, and ops that return other things than tensors)."""
     name = op._schema.name
-    if name in DATA_DEPENDENT or f"{name}.{op._overloadname}" in DATA_DEPENDENT:
-        return None, None
-    schema = schema_of(op)
-    if "other" in schema.kinds:
-        return None, None
+    return (name in DATA_DEPENDENT or f"{name}.{op._overloadname}" in DATA_DEPENDENT
+            or "other" in schema_of(op).kinds)
+
+
+def infer(op, args, kwargs) -> Optional[Plan]:
+    """The results' plan, cached per op and argument metadata; None when the server must
+    say (always_replies, or no meta kernel for these arguments)."""
+    if always_replies(op):
+        return None
     try:
         key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
     except TypeError:  # an unhashable argument: infer without caching
         key = None
     plan = _cache.get(key) if key is not None else None
     if plan is None:
-        plan = _infer(op, schema, args, kwargs)
+        plan = _infer(op, schema_of(op), args, kwargs)
         if key is not None and plan is not None:
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
             _cache[key] = plan
-    return plan, key
+    return plan
 
 
 def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> Plan:

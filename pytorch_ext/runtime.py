@@ -76,10 +76,12 @@ def init(
             for s in made:
                 s.close()
             raise
-        from . import handles
+        from . import fallback, handles
 
+        fallback.forget_plans()  # plans are made for a server's device type
         for index, s in enumerate(made):
             s.freed_source = functools.partial(handles.take_freed, index)
+            s.native_queue = handles.NativeQueue(index)
         _sessions.extend(made)
         _register.set_device_count(len(_sessions))
     try:

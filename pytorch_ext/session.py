@@ -22,6 +22,7 @@ from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, Remo
                       RemoteOutOfMemoryError, TransportError, TransportTimeout)
 from .._version import WIRE_VERSION
 from ..dataplane import messages as m
+from ..dataplane.codec import Raw, encode
 from ..dataplane.transport import Transport, default_sink
 from ..dataplane.wire import MsgType
 
@@ -43,7 +44,8 @@ class Session:
         self.timeout = timeout
         self._req_ids = itertools.count(1)
         self._lock = threading.RLock()  # sync calls and flushes; RLock: flush inside sync
-        self._items: list = []
+        self._batch = bytearray()  # queued requests, encoded back to back
+        self._batch_items = 0
         self._payloads: list = []
         self._payload_bytes = 0
         self._dead: Optional[RemoteAccelError] = None
@@ -51,6 +53,9 @@ class Session:
         self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
         #: returns the ids of storages freed since the last call; they leave with each batch
         self.freed_source: Optional[Callable[[], list]] = None
+        #: the device's C++ queue (handles.NativeQueue): requests queued there leave before
+        #: anything queued here after them
+        self.native_queue = None
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         reply = self._call(m.Hello(token, client, WIRE_VERSION), m.Welcome)
         self.welcome: m.Welcome = reply
@@ -72,7 +77,7 @@ class Session:
         self._queue(m.RunOp(op, args, kwargs, outs, False, stream))
 
     def run_encoded(self, item: bytes) -> None:
-        """Queue a RunOp batch item encoded by the caller (fallback's cached encodings)."""
+        """Queue a RunOp batch item encoded by the caller (fallback's plans)."""
         self.counters["ops"] += 1
         self._queue_item(item)
 
@@ -95,28 +100,44 @@ class Session:
         self._queue_item(m.batch_item(msg), payload)
 
     def _queue_item(self, item, payload: Optional[bytes] = None) -> None:
+        """Queue a batch item: a (type, fields) pair or its encoding (Raw)."""
         with self._lock:
             self._check_alive()
-            self._items.append(item)
+            self._take_native()
+            self._batch += item if type(item) is Raw else encode(item)
+            self._batch_items += 1
             if payload is not None:
                 self._payloads.append(payload)
                 self._payload_bytes += len(payload)
-            if len(self._items) >= MAX_BATCH_ITEMS or self._payload_bytes >= MAX_BATCH_PAYLOAD:
+            if self._batch_items >= MAX_BATCH_ITEMS or self._payload_bytes >= MAX_BATCH_PAYLOAD:
                 self.flush()
+
+    def _take_native(self) -> None:
+        if self.native_queue is not None:
+            requests, ops, encoded = self.native_queue.take()
+            if requests:
+                self._batch += encoded
+                self._batch_items += requests
+                self.counters["ops"] += ops
 
     def flush(self) -> None:
         """Send every queued request now (without waiting for anything)."""
         with self._lock:
-            if self.freed_source is not None and self._dead is None:
-                gone = self.freed_source()
+            if self._dead is None:
+                # freed ids first: every use of them is queued by now, in C++ or here, and
+                # a storage freed after this point may have its ALLOC in the C++ queue
+                gone = self.freed_source() if self.freed_source is not None else None
+                self._take_native()
                 if gone:
-                    self._items.append(m.batch_item(m.FreeStorage(tuple(gone))))
-            if not self._items:
+                    self._batch += encode(m.batch_item(m.FreeStorage(tuple(gone))))
+                    self._batch_items += 1
+            if not self._batch_items:
                 return
-            items, payloads = tuple(self._items), self._payloads
-            self._items, self._payloads, self._payload_bytes = [], [], 0
+            meta = m.encoded_batch(self._batch_items, self._batch)
+            payloads = self._payloads
+            self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
             self.counters["batches"] += 1
-            self._send(m.Batch(items), payloads)
+            self._send_encoded(m.Batch.TYPE, meta, payloads)
 
     # -- sync points ---------------------------------------------------------------------------
     def sync(self) -> int:
@@ -170,13 +191,18 @@ class Session:
         if self._dead is None:
             self._dead = exc if isinstance(exc, RemoteAccelError) else RemoteAccelError(str(exc))
             self._stop.set()
+            if self.native_queue is not None:
+                self.native_queue.close()  # later ops come to Python, which raises
             self.transport.close()
         return RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {exc}")
 
     def _send(self, msg, payloads, req_id: int = 0) -> None:
+        self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
+
+    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
         self._check_alive()
         try:
-            self.transport.send(msg.TYPE, m.encode(msg), payloads, req_id=req_id)
+            self.transport.send(msg_type, meta, payloads, req_id=req_id)
         except TransportError as exc:
             raise self._fail(exc) from exc
         self._last_send = time.monotonic()
@@ -234,6 +260,8 @@ class Session:
                     self._send(m.Goodbye(), [])
             except RemoteAccelError:
                 pass
+        if self.native_queue is not None:
+            self.native_queue.close()
         self.transport.close()
 
 

@@ -100,10 +100,6 @@ def _copy_from_and_resize(op, args, kwargs):
 def _copy_(op, args, kwargs):
     dst, src = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    if _is_remote(dst) and _is_remote(src) and src.device == dst.device:
-        from .fallback import run_op
-
-        return run_op(op, args, kwargs)
     return copy_between(src, dst, non_blocking)
 
 
@@ -143,6 +139,16 @@ def _contiguous_strides(size) -> tuple:
         acc *= max(s, 1)
     return tuple(reversed(strides))
 
+
+def runs_on_server(op, args) -> bool:
+    """Whether a call of a SPECIAL_OPS op is an ordinary op after all: copy_ between two
+    tensors of one server."""
+    return (op is torch.ops.aten.copy_.default and _is_remote(args[0]) and _is_remote(args[1])
+            and args[0].device == args[1].device)
+
+
+#: SPECIAL_OPS whose calls runs_on_server may pass as ordinary ops
+SOMETIMES_ON_SERVER = frozenset({torch.ops.aten.copy_.default})
 
 SPECIAL_OPS = {
     torch.ops.aten._copy_from.default: _copy_from,

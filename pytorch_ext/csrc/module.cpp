@@ -1,8 +1,9 @@
 // Kernels that never need the server (factories and views), and the `_C` Python module.
 //
-// Every other aten op on a remote_accel tensor reaches the boxed Python fallback, which
-// the Python side registers for PrivateUse1.
+// Every other aten op on a remote_accel tensor reaches the boxed fallback (op_queue.cpp),
+// which the Python side installs with its half of the work.
 #include "device.h"
+#include "op_queue.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
@@ -201,6 +202,33 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device_index"), "Ids of this device's storages freed since the last call, oldest first.");
   m.def("live_storages", [](int device) { return ra::live_storages(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Number of this device's storages still alive.");
+
+  m.def("install_op_fallback", &ra::install_op_fallback, py::arg("slow_path"), py::arg("flush"),
+        py::arg("alloc_type"), py::arg("max_items"),
+        "Install the fallback for every op at PrivateUse1 (once): calls without a cached plan run "
+        "slow_path(op, args, kwargs, want_plan) -> (results, plan, or None, or False: never for this op); "
+        "flush(device index) sends a queue that reached max_items requests.");
+  m.def("queue_open", [](int device) { ra::queue_open(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Accept requests for this device (a new session: no storage announced).");
+  m.def("queue_close", [](int device) { ra::queue_close(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Refuse requests for this device and drop what is queued.");
+  m.def("queue_take", [](int device) {
+          auto [requests, ops, bytes] = ra::queue_take(static_cast<c10::DeviceIndex>(device));
+          return py::make_tuple(requests, ops, py::bytes(bytes));
+        }, py::arg("device_index"),
+        "(requests, of which ops, their encodings back to back) queued in C++ since the last take.");
+  m.def("announce", [](const at::Tensor& t, int device) {
+          return ra::announce(t, static_cast<c10::DeviceIndex>(device));
+        }, py::arg("tensor"), py::arg("device_index"),
+        "Storage id of a remote argument; queues ALLOC first if the server has not seen it.");
+  m.def("announce_output", [](const at::Tensor& t, int device) {
+          return ra::announce_output(t, static_cast<c10::DeviceIndex>(device));
+        }, py::arg("tensor"), py::arg("device_index"),
+        "Storage id of a fresh result, which the server creates when it binds it.");
+  m.def("take_freed", [](int device) { return ra::take_freed(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "Ids of freed storages the server knows about, oldest first.");
+  m.def("plan_stats", &ra::plan_stats, "(plans cached, calls served from them) since the last clear_plans().");
+  m.def("clear_plans", &ra::clear_plans, "Forget every cached plan (their server may have changed).");
 
   m.attr("MAX_DEVICES") = ra::kMaxDevices;
   m.def("set_device_count", &ra::set_device_count, py::arg("count"));

@@ -1,8 +1,9 @@
-"""The fallback's cached RunOp encodings (fallback._Encoding), against a real server.
+"""Plans: the first call of an op on given arguments makes one in Python (fallback.py),
+later calls are served from it in C++ (csrc/op_queue.cpp), against a real server.
 
-After the first call of an op on given argument metadata, later calls only fill storage
-ids and CPU scalars into a cached encoding. It must say exactly what encoding the call
-afresh says, and never replay a value of an earlier call.
+A served call only fills storage ids and CPU scalar values into the plan's encoding. It
+must say exactly what the Python call said, never replay a value of an earlier call,
+announce storages the server has not seen, and keep requests in the order they were made.
 """
 
 from __future__ import annotations
@@ -26,11 +27,22 @@ def session():
         remote_accel.shutdown()
 
 
+def _queued(session) -> list:
+    """The requests queued since the last flush (in Python and in C++), decoded, then sent."""
+    with session._lock:
+        session._take_native()
+        items = codec.decode(codec.tuple_header(session._batch_items) + bytes(session._batch))
+        session.flush()
+    return list(items)
+
+
 def _queued_runops(session) -> list:
-    """The RunOps queued since the last flush, decoded, then sent."""
-    items = [codec.decode(bytes(i)) if isinstance(i, codec.Raw) else i for i in session._items]
-    session.flush()
-    return [m.from_fields(m.RunOp, tuple(fields)) for kind, fields in items if kind == m.RunOp.TYPE]
+    return [m.from_fields(m.RunOp, tuple(fields)) for kind, fields in _queued(session) if kind == m.RunOp.TYPE]
+
+
+def _served() -> int:
+    """Calls served from plans in C++ so far."""
+    return fallback._C.plan_stats()[1]
 
 
 def _blank_ids(value):
@@ -53,12 +65,13 @@ def test_a_cached_encoding_says_what_a_fresh_one_says(session):
     a = torch.randn(4, 5, device="remote_accel")
     b = torch.randn(4, 5, device="remote_accel")[1:]  # a view: another offset
     session.flush()
-    fallback._encodings.clear()
+    fallback.forget_plans()
     first = torch.addcmul(a[1:], b, b, value=0.5)
     fresh = _queued_runops(session)
+    served = _served()
     again = torch.addcmul(a[1:], b, b, value=0.5)
     cached = _queued_runops(session)
-    assert any(type(e) is fallback._Encoding for e in fallback._encodings.values())
+    assert _served() > served  # not Python's doing: C++ sent it
     assert [_blank_ids(r) for r in cached] == [_blank_ids(r) for r in fresh]
     last = fresh[-1], cached[-1]  # addcmul.out(self, tensor1, tensor2, value=, out=)
     assert last[0].args[1].value[0] == last[1].args[1].value[0]  # b: the same storage
@@ -82,3 +95,62 @@ def test_every_call_names_its_own_tensors(session):
     xs = [torch.full((2, 2), float(i), device="remote_accel") for i in range(4)]
     outs = [x * x + x for x in xs]  # one cached encoding per op, four different storages
     assert [o.cpu()[0, 0].item() for o in outs] == [i * i + i for i in range(4)]
+
+
+def test_a_storage_the_server_has_not_seen_is_announced_first(session):
+    first = torch.empty(3, device="remote_accel")
+    first.fill_(2.0)  # makes fill_'s plan
+    assert first.cpu().tolist() == [2.0] * 3
+    fresh = torch.empty(3, device="remote_accel")  # a storage only the client knows
+    served = _served()
+    fresh.fill_(2.0)
+    assert _served() == served + 1
+    alloc, run = _queued(session)[-2:]
+    assert alloc[0] == m.AllocStorage.TYPE and run[0] == m.RunOp.TYPE
+    assert m.from_fields(m.AllocStorage, tuple(alloc[1])).sid == fallback._C.storage_id(fresh)
+    assert fresh.cpu().tolist() == [2.0] * 3
+
+
+def test_requests_keep_their_order_across_python_and_cpp(session):
+    x = torch.zeros(4, device="remote_accel")
+    x.add_(1.0)
+    for i in range(50):  # served in C++, with uploads (Python) in between that they read
+        y = torch.full((4,), float(i)).to("remote_accel")
+        x.add_(y)
+        x.mul_(0.5)
+    expected = torch.zeros(4).add_(1.0)
+    for i in range(50):
+        expected.add_(torch.full((4,), float(i))).mul_(0.5)
+    torch.testing.assert_close(x.cpu(), expected)
+
+
+def test_a_full_queue_leaves_without_a_sync(session):
+    x = torch.zeros(2, device="remote_accel")
+    x.add_(1.0)
+    session.flush()
+    batches, served = session.counters["batches"], _served()
+    for _ in range(600):
+        x.add_(1.0)
+    assert _served() - served == 600
+    assert session.counters["batches"] - batches >= 2  # the C++ queue sent itself when full
+    assert x.cpu().tolist() == [601.0, 601.0]
+
+
+def test_ops_after_the_server_is_gone_raise(tmp_path):
+    with ServerProcess() as server:
+        remote_accel.shutdown()  # the module's session: this test has its own server
+        try:
+            remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=5)
+            x = torch.ones(8, device="remote_accel")
+            for _ in range(3):
+                x.add_(1.0)
+            assert x.cpu().tolist() == [4.0] * 8
+            server.kill()
+            with pytest.raises(remote_accel.RemoteAccelError):
+                for _ in range(10_000):  # served from the plan until the queue fills and meets the dead link
+                    x.add_(1.0)
+                x.cpu()
+            with pytest.raises(remote_accel.RemoteAccelError):
+                x.add_(1.0)  # the queue is closed: Python raises the session's error
+        finally:
+            remote_accel.shutdown()
