@@ -5,7 +5,8 @@
 Starts a server (on CPU unless --device says otherwise), and for each op_db entry that supports float32 does what PyTorch's
 own `TestCommon.test_compare_cpu` does for an accelerator: makes the first K sample
 inputs on the device, copies them to CPU, runs the op on both and compares (atol and
-rtol 1e-3). Entries that test skips on every device (random or uninitialised outputs)
+rtol 1e-3). Each sample runs twice on the device: the second call is served from the
+plans the first made (the C++ fallback's path), and must match as well. Entries that test skips on every device (random or uninitialised outputs)
 are excluded, and so are entries whose CPU reference itself raises (CUDA-only
 jiterator ops): both are listed. On a GPU server, PyTorch's marks for that device type
 apply too, and entries without float32 support on that device are listed apart (they
@@ -80,9 +81,17 @@ def check_entry(op, samples: int) -> None:
             want = cpu_sample.output_process_fn_grad(op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs))
         except Exception as exc:
             raise _NoReference(_first_line(exc)) from exc
-        got = sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs))
-        got = torch.utils._pytree.tree_map(_to_cpu, got)
-        torch.testing.assert_close(got, want, equal_nan=True, check_device=False, atol=1e-3, rtol=1e-3)
+        for call in ("first", "second"):
+            # the second, equal call is served from the plans the first one made (in C++,
+            # csrc/op_queue.cpp) rather than by Python: it must say the same
+            got = sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs))
+            got = torch.utils._pytree.tree_map(_to_cpu, got)
+            try:
+                torch.testing.assert_close(got, want, equal_nan=True, check_device=False, atol=1e-3, rtol=1e-3)
+            except AssertionError as exc:
+                if call == "first":
+                    raise
+                raise AssertionError(f"the second call (served from cached plans) differs: {exc}") from exc
 
 
 def entry_name(op) -> str:
@@ -117,6 +126,9 @@ def main() -> int:
             remote_accel.init(transport="tcp", server=address, token=server.token, timeout=60)
 
         connect()
+        from remote_accel.pytorch_ext.handles import _C
+
+        served_from_plans = 0  # op calls the C++ fallback served without Python
         for op in entries:
             name = entry_name(op)
             reason, expected_failure = _compare_cpu_marks(op, server_type)
@@ -124,6 +136,7 @@ def main() -> int:
                 skipped[name] = reason
                 continue
             torch.manual_seed(0)
+            served = _C.plan_stats()[1]
             try:
                 check_entry(op, args.samples)
             except _NoReference as exc:
@@ -131,6 +144,7 @@ def main() -> int:
             except Exception as exc:  # the report lists every cause
                 failures[name] = _first_line(exc) + (
                     " (PyTorch expects this entry to fail on every accelerator)" if expected_failure else "")
+            served_from_plans += _C.plan_stats()[1] - served
             if not remote_accel.pytorch_ext.runtime.sessions()[0].alive:
                 remote_accel.shutdown()
                 connect()
@@ -143,6 +157,7 @@ def main() -> int:
         "failures": failures, "skipped": skipped, "no_cpu_reference": no_reference,
         "unsupported_on_server": unsupported, "server_device": args.device,
         "samples_per_entry": args.samples, "torch": torch.__version__,
+        "calls_served_from_plans": served_from_plans,
     }
     if args.json:
         json.dump(report, sys.stdout, indent=1)
@@ -152,7 +167,8 @@ def main() -> int:
           f"{args.samples} samples per entry):")
     print(f"  {passed}/{compared} compared entries match ({100 * report['pass_rate']:.1f}%); "
           f"{len(entries)} entries, {len(skipped)} skipped as PyTorch's test_compare_cpu skips them, "
-          f"{len(no_reference)} without a CPU reference, {len(unsupported)} without a kernel on {server_type}")
+          f"{len(no_reference)} without a CPU reference, {len(unsupported)} without a kernel on {server_type}; "
+          f"every sample ran twice, {served_from_plans} op calls served from cached plans")
     for title, items in (("FAIL", failures), ("NO CPU REFERENCE", no_reference), ("SKIPPED", skipped),
                          ("UNSUPPORTED ON SERVER", unsupported)):
         for name, cause in items.items():
