@@ -119,6 +119,7 @@ class RunOp:
     order with `Tensor[]` returns expanded in place (`split` gives one per piece).
     `stream` names the random stream (a generator reference) of a seeded op that takes
     no generator argument (native_dropout), so a manual_seed on the client reaches it.
+    `plan`, an int, also keeps this op under that id for RunPlanned (not with `reply`).
     """
 
     op: str
@@ -127,6 +128,18 @@ class RunOp:
     outs: tuple
     reply: bool = False
     stream: Any = None
+    plan: Any = None
+
+
+@_message(MsgType.RUN_PLANNED)
+class RunPlanned:
+    """Run again the RunOp that defined `plan`, with `values` in its holes: in wire order,
+    every tensor reference in its args, kwargs and outs takes a storage id (int), every
+    inline CPU tensor its data (bytes). A repeated op then costs the client and the
+    server a few ids instead of its whole description."""
+
+    plan: int
+    values: tuple
 
 
 @_message(MsgType.RUN_REPLY)
@@ -139,7 +152,7 @@ class RunReply:
 class Batch:
     """Several one-way requests in one message: items are (MsgType, fields tuple).
 
-    Only ALLOC, FREE, WRITE and RUN (without reply) may appear; WRITE items take the
+    Only ALLOC, FREE, WRITE, RUN (without reply) and RUN_PLANNED may appear; WRITE items take the
     batch's payloads in order.
     """
 
@@ -220,7 +233,7 @@ class Sink:
 
 
 # -- encoding -------------------------------------------------------------------------------
-ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN})
+ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED})
 
 
 def fields_of(msg) -> tuple:

@@ -55,6 +55,7 @@ class MsgType(enum.IntEnum):
     SYNC_OK = 35
     RUN_REPLY = 36
     RUN_GRAPH = 37
+    RUN_PLANNED = 38
     # device state
     STATS = 48
     STATS_REPLY = 49

@@ -16,9 +16,8 @@ import logging
 
 import torch
 
-from ..dataplane import messages as m
 from ..dataplane import torch_values as tv
-from ..dataplane.codec import Ext, Raw, encode, encode_int
+from ..dataplane.codec import Ext
 from ..dataplane.wire import MsgType
 from . import handles, meta, runtime, transfer
 
@@ -44,10 +43,11 @@ def _device_index(args, kwargs) -> int:
 
 
 def encode_args(op, args, kwargs, index: int) -> tuple:
-    """Arguments -> wire values; default generators made explicit for random ops."""
+    """Arguments -> wire values; default generators made explicit for random ops.
+    Keywords go sorted by name: the order in which a plan's holes are counted."""
     ref = lambda t: handles.tensor_ref(t, index)  # noqa: E731
     enc_args = tuple(_encode(a, ref, index) for a in args)
-    enc_kwargs = {k: _encode(v, ref, index) for k, v in kwargs.items()}
+    enc_kwargs = {k: _encode(kwargs[k], ref, index) for k in sorted(kwargs)}
     locator = meta.takes_generator(op)
     if locator is not None and meta.argument(args, kwargs, locator) is None:
         # the server keeps one generator per client generator: name the default one
@@ -109,14 +109,11 @@ def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
             outs.append(None)
     native = None
     if want_plan:
-        tensors = _tensor_arguments(args, kwargs)
-        native = _native_plan(op, plan, args, kwargs, tensors, outs, index)
-    if native is not None:  # this call sends what later ones will: one encoding to check
-        session.run_encoded(_filled(native[2], tensors, outs, index))
-    else:
-        enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
-        out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
-        session.run(meta.op_name(op), enc_args, enc_kwargs, out_refs, _stream(op, index))
+        native = _native_plan(op, plan, args, kwargs, outs)
+    enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
+    out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
+    session.run(meta.op_name(op), enc_args, enc_kwargs, out_refs, _stream(op, index),
+                plan=None if native is None else native[0])
     return meta.pack_results(op, results), (False if random else native)
 
 
@@ -126,28 +123,28 @@ def _resizes(plan, args, kwargs) -> bool:
 
 
 # -- plans for the C++ fallback -----------------------------------------------------------------
-# A training loop sends the same ops on the same layouts again and again; their RunOp
-# items differ only in storage ids and CPU scalar values. So the first call of each key
-# (op, argument metadata, scalar values) makes a plan: the results' making, and the
-# encoding with marker ids where the real ones go, cut at the markers. Later calls are
-# served in C++ (csrc/op_queue.cpp), which joins the pieces with their own ids.
+# A training loop sends the same ops on the same layouts again and again; their RunOps
+# differ only in storage ids and CPU scalar values. So the first call of each key (op,
+# argument metadata, scalar values) sends its RunOp with a plan id, which the server
+# keeps, and hands C++ (csrc/op_queue.cpp) the plan: its id and how to make the results.
+# Later calls are served there and sent as RunPlanned(id, values): per tensor argument
+# in encoding order its storage id or, for a CPU scalar, its bytes, then per fresh
+# result its storage id, the order in which the server meets the holes in the RunOp.
 
-#: marker ids: no session hands out ids this large, and each encodes as 9 unusual bytes
-_MARK = 0x5A5A_A5A5 << 28
+_plan_ids = itertools.count(1)
 
 
-def _native_plan(op, plan, args, kwargs, tensors: list, outs: list, index: int):
-    """(number of tensor arguments, results, the RunOp item's bytes around its holes), or
-    None when this call cannot make one. Holes, in order: per tensor argument its storage
-    id, or for a 0-dim CPU tensor its value's bytes; then per fresh result its storage id."""
+def _native_plan(op, plan, args, kwargs, outs: list):
+    """(plan id, number of tensor arguments, results), or None when this call cannot make
+    a plan: a CPU tensor that is sent whole, or tensors nested deeper than C++ looks."""
+    tensors = _tensor_arguments(args, kwargs)
     for t in tensors:
         if t.device.type == "cpu" and (t.dim() != 0 or t.is_conj() or t.is_neg()):
-            return None  # sent whole by value: no hole of a fixed size
-    pieces = _encoding_pieces(op, args, kwargs, tensors, outs, index)
-    if pieces is None:
+            return None  # no hole of a fixed size
+    if _count_tensors((args, kwargs)) != len(tensors):
         return None
     schema = meta.schema_of(op)
-    return len(tensors), tuple(_plan_result(spec, schema) for spec in plan.results), pieces
+    return next(_plan_ids), len(tensors), tuple(_plan_result(spec, schema) for spec in plan.results)
 
 
 def _plan_result(spec, schema) -> tuple:
@@ -167,20 +164,9 @@ def _schema_index(locator, schema) -> int:
     return locator[1] if locator[0] == "pos" else schema.arg_names.index(locator[1])
 
 
-def _filled(pieces: tuple, tensors: list, outs, index: int) -> Raw:
-    """The plan's item for this call: what op_queue.cpp's serve() writes, in Python."""
-    holes = [encode_int(handles.argument_sid(t, index)) if t.device.type != "cpu" else tv.scalar_bytes(t)
-             for t in tensors]
-    holes += [encode_int(handles.output_sid(t, index)) for t in outs if t is not None]
-    parts = [pieces[0]]
-    for hole, piece in zip(holes, pieces[1:]):
-        parts.append(hole)
-        parts.append(piece)
-    return Raw(b"".join(parts))
-
-
 def _tensor_arguments(args, kwargs) -> list:
-    """Tensor arguments in encoding order: positional, then keyword by name."""
+    """Tensor arguments in encoding order, as op_queue.cpp gathers them: positional, then
+    keyword by name, lists one level deep."""
     found = []
     for value in itertools.chain(args, (kwargs[k] for k in sorted(kwargs))):
         if isinstance(value, torch.Tensor):
@@ -190,37 +176,15 @@ def _tensor_arguments(args, kwargs) -> list:
     return found
 
 
-def _encoding_pieces(op, args, kwargs, tensors, outs, index: int):
-    """The RunOp item with a marker in each hole, cut at the markers; None if the markers
-    do not come out exactly once each, in order."""
-    marks = itertools.count(_MARK)
-
-    def marked_ref(t):
-        if t.device.type == "cpu":  # the inline tensor's encoding up to its value bytes
-            return Raw(encode(tv.inline_cpu_tensor(t))[: -t.element_size()] + encode_int(next(marks)))
-        # a tensor on another device is refused by _filled (handles.argument_sid)
-        return tv.encoded_tensor_ref(next(marks), t.dtype, t.shape, t.stride(), t.storage_offset(),
-                                     handles.ref_flags(t))
-
-    enc_args = tuple(_encode(a, marked_ref, index) for a in args)
-    enc_kwargs = {k: _encode(kwargs[k], marked_ref, index) for k in sorted(kwargs)}
-    n_in = next(marks) - _MARK  # the marks handed out so far
-    if n_in != len(tensors):
-        return None  # tensors nested deeper than _tensor_arguments looks
-    out_marks = itertools.count(_MARK + n_in)
-    out_refs = [None if t is None else tv.encoded_tensor_ref(next(out_marks), t.dtype, t.shape, t.stride(),
-                                                             t.storage_offset(), 0) for t in outs]
-    item = encode(m.batch_item(m.RunOp(meta.op_name(op), enc_args, enc_kwargs, tuple(out_refs), False, None)))
-    pieces, rest = [], item
-    for k in range(len(tensors) + sum(t is not None for t in outs)):
-        mark = encode_int(_MARK + k)
-        at = rest.find(mark)
-        if at < 0 or rest.find(mark, at + 1) >= 0:
-            return None  # not exactly once where expected: do not guess
-        pieces.append(rest[:at])
-        rest = rest[at + len(mark):]
-    pieces.append(rest)
-    return tuple(pieces)
+def _count_tensors(value) -> int:
+    """Tensors at any depth: what the server counts as a plan's tensor holes."""
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, (list, tuple)):
+        return sum(_count_tensors(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_count_tensors(v) for v in value.values())
+    return 0
 
 
 def forget_plans() -> None:
@@ -310,7 +274,7 @@ def register() -> None:
     if not _installed:
         from .session import MAX_BATCH_ITEMS
 
-        _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), MAX_BATCH_ITEMS)
+        _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), MAX_BATCH_ITEMS)
         _installed = True
 
 

@@ -72,14 +72,10 @@ class Session:
         if sids:
             self._queue(m.FreeStorage(tuple(sids)))
 
-    def run(self, op: str, args: tuple, kwargs: dict, outs: tuple, stream=None) -> None:
+    def run(self, op: str, args: tuple, kwargs: dict, outs: tuple, stream=None, plan: Optional[int] = None) -> None:
+        """Queue a RunOp; `plan` also keeps it on the server for RunPlanned (fallback's plans)."""
         self.counters["ops"] += 1
-        self._queue(m.RunOp(op, args, kwargs, outs, False, stream))
-
-    def run_encoded(self, item: bytes) -> None:
-        """Queue a RunOp batch item encoded by the caller (fallback's plans)."""
-        self.counters["ops"] += 1
-        self._queue_item(item)
+        self._queue(m.RunOp(op, args, kwargs, outs, False, stream, plan))
 
     def write(self, sid: int, offset: int, data) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.

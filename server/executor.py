@@ -23,7 +23,7 @@ import torch
 
 from ..dataplane import torch_values
 from ..dataplane.codec import Ext
-from ..dataplane.messages import RunGraph, RunOp
+from ..dataplane.messages import RunGraph, RunOp, RunPlanned
 from ..errors import ProtocolError
 from . import ops
 from .device import ComputeDevice
@@ -31,6 +31,8 @@ from .failure import BAD_HANDLE, OP, Failure
 from .rng import Generators
 from .storage import EMPTY_SID, StorageTable, TensorRef, parse_ref
 
+#: Plans kept per session (RunOp.plan), the oldest dropped first: a client keeps fewer.
+MAX_PLANS = 1 << 16
 #: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
@@ -51,6 +53,47 @@ def flatten(result: Any) -> list:
     return [result]
 
 
+def _count_holes(value: Any) -> int:
+    """RunPlanned holes in a wire value: its tensor references and inline CPU tensors."""
+    t = type(value)
+    if t is Ext:
+        if value.code == torch_values.TENSOR or value.code == torch_values.CPU_TENSOR:
+            payload = value.value
+            if type(payload) is not tuple or len(payload) != (6 if value.code == torch_values.TENSOR else 3):
+                raise ProtocolError("malformed tensor in a plan")
+            return 1
+        return 0  # generators, devices: never holes
+    if t is tuple or t is list:
+        return sum(_count_holes(v) for v in value)
+    if t is dict:
+        return sum(_count_holes(v) for v in value.values())
+    return 0
+
+
+def _fill(value: Any, values) -> Any:
+    """`value` with its holes (in _count_holes' order) taken from the iterator `values`."""
+    t = type(value)
+    if t is Ext:
+        if value.code == torch_values.TENSOR:
+            sid = next(values)
+            if type(sid) is not int:
+                raise ProtocolError("a RunPlanned value for a tensor reference must be a storage id")
+            return Ext(value.code, (sid,) + value.value[1:])
+        if value.code == torch_values.CPU_TENSOR:
+            data = next(values)
+            if type(data) is not bytes:
+                raise ProtocolError("a RunPlanned value for a CPU tensor must be bytes")
+            return Ext(value.code, value.value[:2] + (data,))
+        return value
+    if t is tuple:
+        return tuple([_fill(v, values) for v in value])
+    if t is list:
+        return [_fill(v, values) for v in value]
+    if t is dict:
+        return {k: _fill(v, values) for k, v in value.items()}
+    return value
+
+
 def _no_tensor(t):
     raise TypeError("a nested tensor result cannot be returned by value")
 
@@ -62,6 +105,7 @@ class Executor:
         self.generators = generators
         self.ops_done = 0
         self._graphs: dict[int, tuple[tuple, tuple]] = {}
+        self._plans: dict[int, tuple[RunOp, int]] = {}  # id -> (the defining RunOp, its holes)
         # storages whose producing op failed: later uses fail with a message that says why
         self._failed: set[int] = set()
 
@@ -102,6 +146,8 @@ class Executor:
     # -- ops ------------------------------------------------------------------------------------
     def run_op(self, msg: RunOp) -> Optional[list]:
         """Execute one RunOp; returns the RunReply results when msg.reply is set."""
+        if msg.plan is not None:
+            self._define_plan(msg)
         touched: list = []
         try:
             resolved = ops.resolve(msg.op)
@@ -122,6 +168,26 @@ class Executor:
             raise
         self.table.resync(touched)
         return results
+
+    # -- plans: a RunOp kept to be run again with other storage ids and CPU scalars ----------------
+    def _define_plan(self, msg: RunOp) -> None:
+        if type(msg.plan) is not int or msg.reply:
+            raise ProtocolError("RunOp.plan must be an int, and cannot go with reply")
+        holes = _count_holes((msg.args, msg.kwargs, msg.outs))
+        if msg.plan not in self._plans and len(self._plans) >= MAX_PLANS:
+            del self._plans[next(iter(self._plans))]
+        self._plans[msg.plan] = (RunOp(msg.op, msg.args, msg.kwargs, msg.outs, False, msg.stream), holes)
+
+    def run_planned(self, msg: RunPlanned) -> None:
+        try:
+            template, holes = self._plans[msg.plan]
+        except KeyError:
+            raise ProtocolError(f"plan {msg.plan} was never defined by a RunOp of this session") from None
+        if len(msg.values) != holes:
+            raise ProtocolError(f"plan {msg.plan} has {holes} holes, RunPlanned gave {len(msg.values)} values")
+        values = iter(msg.values)
+        self.run_op(RunOp(template.op, _fill(template.args, values), _fill(template.kwargs, values),
+                          _fill(template.outs, values), False, template.stream))
 
     def _sync_default_stream(self, stream: Any) -> None:
         """Reseed the session default if the client's manual_seed moved it since."""

@@ -85,7 +85,8 @@ class Session:
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
-            MsgType.RUN_GRAPH: self._one_way, MsgType.RUN: self._on_run, MsgType.READ: self._on_read,
+            MsgType.RUN_GRAPH: self._one_way, MsgType.RUN_PLANNED: self._one_way, MsgType.RUN: self._on_run,
+            MsgType.READ: self._on_read,
             MsgType.SYNC: self._on_sync, MsgType.STATS: self._on_stats, MsgType.RNG: self._on_rng,
             MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
         }
@@ -324,6 +325,8 @@ class Session:
             if item.reply:
                 raise ProtocolError("RunOp with reply set cannot be batched")
             self.executor.run_op(item)
+        elif kind is m.RunPlanned:
+            self.executor.run_planned(item)
         elif kind is m.WriteStorage:
             self._write(item, next(writes, None))
         elif kind is m.AllocStorage:
@@ -470,6 +473,8 @@ def _batch_writes(items: list) -> tuple[list, list]:
             named.add(item.sid)
         elif type(item) is m.RunOp:
             _collect_sids((item.args, item.kwargs, item.outs), named)
+        elif type(item) is m.RunPlanned:  # its ints are storage ids, its bytes CPU scalars
+            named.update(v for v in item.values if type(v) is int)
         elif type(item) is m.AllocStorage:
             named.add(item.sid)
         elif type(item) is m.FreeStorage:

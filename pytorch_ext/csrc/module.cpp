@@ -204,7 +204,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device_index"), "Number of this device's storages still alive.");
 
   m.def("install_op_fallback", &ra::install_op_fallback, py::arg("slow_path"), py::arg("flush"),
-        py::arg("alloc_type"), py::arg("max_items"),
+        py::arg("alloc_type"), py::arg("run_planned_type"), py::arg("max_items"),
         "Install the fallback for every op at PrivateUse1 (once): calls without a cached plan run "
         "slow_path(op, args, kwargs, want_plan) -> (results, plan, or None, or False: never for this op); "
         "flush(device index) sends a queue that reached max_items requests.");

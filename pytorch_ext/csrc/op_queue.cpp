@@ -64,6 +64,12 @@ void put_tuple_header(std::string& out, uint32_t n) {
   put_raw<uint32_t>(out, n);
 }
 
+void put_bytes(std::string& out, const void* data, uint32_t n) {
+  out.push_back(0x06);
+  put_raw<uint32_t>(out, n);
+  out.append(static_cast<const char*>(data), n);
+}
+
 // ---------------------------------------------------------------------------------------
 // Per-device queues
 
@@ -89,6 +95,7 @@ Queue& queue(c10::DeviceIndex device) {
 }
 
 std::atomic<int64_t> g_alloc_type{-1};
+std::atomic<int64_t> g_run_planned_type{-1};
 std::atomic<int64_t> g_max_items{256};
 
 // Queues ALLOC(sid, nbytes); the caller holds q.mu and checked q.open.
@@ -121,10 +128,11 @@ struct Result {
 };
 
 struct Plan {
+  // The id under which the first call's RunOp defined this plan on the server: a served
+  // call sends RunPlanned(id, values), values being per tensor argument (in encoding
+  // order) its storage id or, for a CPU scalar, its bytes, then per fresh result its id.
+  int64_t id = 0;
   std::vector<Result> results;  // one per schema return
-  // The RunOp item around its holes: one storage id per remote tensor argument or the
-  // value bytes of a CPU scalar (in encoding order), then one storage id per fresh result.
-  std::vector<std::string> pieces;
   size_t n_inputs = 0;
   size_t n_fresh = 0;
 };
@@ -380,24 +388,26 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
         put_alloc(q, sid, call.tensors[i].storage().nbytes());
       }
     }
+    // the batch item (RUN_PLANNED, (plan id, values))
     auto& out = q.bytes;
-    size_t piece = 0;
-    out += plan.pieces[piece++];
+    put_tuple_header(out, 2);
+    put_int(out, g_run_planned_type.load(std::memory_order_relaxed));
+    put_tuple_header(out, 2);
+    put_int(out, plan.id);
+    put_tuple_header(out, static_cast<uint32_t>(call.tensors.size() + fresh_sids.size()));
     for (size_t i = 0; i < call.tensors.size(); ++i) {
       const auto& t = call.tensors[i];
-      if (t.is_cpu()) {  // a 0-dim CPU tensor: its value (the plan holds its dtype and size)
-        out.append(static_cast<const char*>(t.const_data_ptr()), t.element_size());
+      if (t.is_cpu()) {  // a 0-dim CPU tensor: its value as it lies in memory
+        put_bytes(out, t.const_data_ptr(), static_cast<uint32_t>(t.element_size()));
       } else {
         put_int(out, static_cast<int64_t>(input_sids[i]));
       }
-      out += plan.pieces[piece++];
     }
     for (const auto sid : fresh_sids) {
       if (sid != 0) {
         q.announced.insert(sid);
       }
       put_int(out, static_cast<int64_t>(sid));
-      out += plan.pieces[piece++];
     }
     ++q.requests;
     ++q.ops;
@@ -513,8 +523,9 @@ Result parse_result(py::handle spec, size_t n_args, size_t& n_fresh) {
 std::shared_ptr<const Plan> parse_plan(py::handle value, const c10::FunctionSchema& schema, const Call& call) {
   const auto fields = value.cast<py::tuple>();
   auto plan = std::make_shared<Plan>();
-  plan->n_inputs = fields[0].cast<size_t>();
-  for (auto spec : fields[1].cast<py::tuple>()) {
+  plan->id = fields[0].cast<int64_t>();
+  plan->n_inputs = fields[1].cast<size_t>();
+  for (auto spec : fields[2].cast<py::tuple>()) {
     auto result = parse_result(spec, schema.arguments().size(), plan->n_fresh);
     const auto i = plan->results.size();
     if (result.kind == Result::kNone && i < schema.returns().size() &&
@@ -523,11 +534,7 @@ std::shared_ptr<const Plan> parse_plan(py::handle value, const c10::FunctionSche
     }
     plan->results.push_back(std::move(result));
   }
-  for (auto piece : fields[2].cast<py::tuple>()) {
-    plan->pieces.push_back(piece.cast<std::string>());
-  }
-  if (plan->results.size() != schema.returns().size() || plan->n_inputs != call.tensors.size() ||
-      plan->pieces.size() != plan->n_inputs + plan->n_fresh + 1) {
+  if (plan->results.size() != schema.returns().size() || plan->n_inputs != call.tensors.size()) {
     return nullptr;
   }
   for (const auto& t : call.tensors) {
@@ -608,13 +615,15 @@ void op_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // ---------------------------------------------------------------------------------------
 
-void install_op_fallback(py::function slow_path, py::function flush, int64_t alloc_type, int64_t max_items) {
+void install_op_fallback(py::function slow_path, py::function flush, int64_t alloc_type, int64_t run_planned_type,
+                         int64_t max_items) {
   TORCH_CHECK(g_slow_path == nullptr, "remote_accel: the op fallback is already installed");
   TORCH_CHECK(max_items > 0, "remote_accel: max_items must be positive");
   // Leaked, with the registrations below: the fallback may run until interpreter exit.
   g_slow_path = new py::function(std::move(slow_path));
   g_flush = new py::function(std::move(flush));
   g_alloc_type = alloc_type;
+  g_run_planned_type = run_planned_type;
   g_max_items = max_items;
   auto* every_op = new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
   every_op->fallback(torch::CppFunction::makeFromBoxedFunction<&op_fallback>());

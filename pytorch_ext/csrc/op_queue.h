@@ -3,10 +3,11 @@
 // Every aten op on a remote_accel tensor without a kernel of its own reaches
 // `op_fallback`. A training loop runs the same ops on the same argument layouts again
 // and again, so the first call of each (op, argument metadata, scalar values) goes to
-// Python (fallback.py), which infers the results on `meta`, queues the op and hands back
-// a plan: how to make the results, and the op's RunOp encoding with holes for storage
-// ids and CPU scalar values. Later calls with the same key are served in C++ without the
-// GIL: results made from the plan, holes filled, the item appended to the device's queue.
+// Python (fallback.py), which infers the results on `meta`, queues the op as a RunOp
+// that also defines a plan on the server, and hands C++ the plan: its id and how to make
+// the results. Later calls with the same key are served in C++ without the GIL: results
+// made from the plan, and a RunPlanned(id, storage ids and CPU scalar bytes) appended to
+// the device's queue.
 // Python's session drains that queue (`take`) into each Batch it sends, before anything
 // it queues itself, so requests leave in the order they were made.
 #pragma once
@@ -23,11 +24,11 @@
 namespace remote_accel {
 
 // Python's side of the fallback, installed once by fallback.register():
-// slow_path(op, args, kwargs) -> (results, plan or None or False), flush(device index);
-// alloc_type: the wire number of an ALLOC request; max_items: queue length that makes a
-// batch leave.
+// slow_path(op, args, kwargs, want_plan) -> (results, plan or None or False),
+// flush(device index); alloc_type, run_planned_type: the wire numbers of ALLOC and
+// RUN_PLANNED requests; max_items: queue length that makes a batch leave.
 void install_op_fallback(pybind11::function slow_path, pybind11::function flush, int64_t alloc_type,
-                         int64_t max_items);
+                         int64_t run_planned_type, int64_t max_items);
 
 // A device's queue accepts requests between open (a session started: also forgets every
 // storage the previous server knew) and close (the session ended or died).

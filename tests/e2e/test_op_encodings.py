@@ -8,6 +8,8 @@ announce storages the server has not seen, and keep requests in the order they w
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import torch
 
@@ -36,8 +38,8 @@ def _queued(session) -> list:
     return list(items)
 
 
-def _queued_runops(session) -> list:
-    return [m.from_fields(m.RunOp, tuple(fields)) for kind, fields in _queued(session) if kind == m.RunOp.TYPE]
+def _of_type(items, cls) -> list:
+    return [m.from_fields(cls, tuple(fields)) for kind, fields in items if kind == cls.TYPE]
 
 
 def _served() -> int:
@@ -45,39 +47,54 @@ def _served() -> int:
     return fallback._C.plan_stats()[1]
 
 
-def _blank_ids(value):
-    """A decoded value with every tensor reference's storage id set to 0."""
+def _holes(value) -> list:
+    """A RunOp's plan holes in wire order: tensor references' storage ids, inline CPU
+    tensors' bytes (what the server fills from a RunPlanned's values)."""
     if isinstance(value, m.RunOp):
-        return (value.op, _blank_ids(value.args), _blank_ids(value.kwargs), _blank_ids(value.outs))
+        return _holes((value.args, value.kwargs, value.outs))
     if isinstance(value, codec.Ext):
-        inner = value.value
         if value.code == torch_values.TENSOR:
-            inner = (0,) + tuple(inner[1:])
-        return (value.code, _blank_ids(inner))
+            return [value.value[0]]
+        if value.code == torch_values.CPU_TENSOR:
+            return [value.value[2]]
+        return []
     if isinstance(value, (list, tuple)):
-        return tuple(_blank_ids(v) for v in value)
+        return [h for v in value for h in _holes(v)]
     if isinstance(value, dict):
-        return {k: _blank_ids(v) for k, v in value.items()}
-    return value
+        return [h for v in value.values() for h in _holes(v)]
+    return []
 
 
-def test_a_cached_encoding_says_what_a_fresh_one_says(session):
+def test_a_served_call_fills_the_holes_of_the_call_that_made_the_plan(session):
     a = torch.randn(4, 5, device="remote_accel")
     b = torch.randn(4, 5, device="remote_accel")[1:]  # a view: another offset
     session.flush()
     fallback.forget_plans()
-    first = torch.addcmul(a[1:], b, b, value=0.5)
-    fresh = _queued_runops(session)
+    first = torch.addcmul(a[1:], b, b, value=0.5)  # addcmul.out(self, tensor1, tensor2, value=, out=)
+    defining = _of_type(_queued(session), m.RunOp)[-1]
+    assert defining.plan is not None and defining.op == "aten::addcmul.out"
     served = _served()
     again = torch.addcmul(a[1:], b, b, value=0.5)
-    cached = _queued_runops(session)
-    assert _served() > served  # not Python's doing: C++ sent it
-    assert [_blank_ids(r) for r in cached] == [_blank_ids(r) for r in fresh]
-    last = fresh[-1], cached[-1]  # addcmul.out(self, tensor1, tensor2, value=, out=)
-    assert last[0].args[1].value[0] == last[1].args[1].value[0]  # b: the same storage
-    assert last[0].kwargs["out"].value[0] != last[1].kwargs["out"].value[0]  # a new result
+    items = _queued(session)
+    assert _served() == served + 1 and not _of_type(items, m.RunOp)  # C++ sent it, not Python
+    (planned,) = _of_type(items, m.RunPlanned)
+    assert planned.plan == defining.plan
+    before, now = _holes(defining), list(planned.values)
+    assert len(now) == len(before) == 4  # self, tensor1, tensor2, out
+    assert now[:3] == before[:3] == [fallback._C.storage_id(t) for t in (a, b, b)]
+    assert now[3] == fallback._C.storage_id(again) != before[3] == fallback._C.storage_id(first)
     torch.testing.assert_close(again.cpu(), first.cpu())
     torch.testing.assert_close(again.cpu(), torch.addcmul(a.cpu()[1:], b.cpu(), b.cpu(), value=0.5))
+
+
+def test_cpu_scalars_travel_as_their_bytes(session):
+    x = torch.zeros(3, device="remote_accel")
+    x.add_(torch.tensor(1.5, dtype=torch.float64))  # a 0-dim CPU tensor argument
+    session.flush()
+    x.add_(torch.tensor(-2.25, dtype=torch.float64))
+    (planned,) = _of_type(_queued(session), m.RunPlanned)
+    assert planned.values[1] == struct.pack("<d", -2.25)
+    assert x.cpu().tolist() == [-0.75] * 3
 
 
 def test_scalars_are_never_replayed(session):
@@ -106,7 +123,7 @@ def test_a_storage_the_server_has_not_seen_is_announced_first(session):
     fresh.fill_(2.0)
     assert _served() == served + 1
     alloc, run = _queued(session)[-2:]
-    assert alloc[0] == m.AllocStorage.TYPE and run[0] == m.RunOp.TYPE
+    assert alloc[0] == m.AllocStorage.TYPE and run[0] == m.RunPlanned.TYPE
     assert m.from_fields(m.AllocStorage, tuple(alloc[1])).sid == fallback._C.storage_id(fresh)
     assert fresh.cpu().tolist() == [2.0] * 3
 

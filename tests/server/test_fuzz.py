@@ -165,7 +165,17 @@ SEMANTIC_ERRORS = [
     ("protocol", lambda c, x: c.run("aten::neg", Ext(99, 1))),
     ("protocol", lambda c, x: c.send(m.RunGraph(1, (("aten::neg", (Ext(torch_values.GRAPH_VALUE, 5),), {}),),
                                                 (), (), ()))),
+    ("protocol", lambda c, x: c.send(m.RunPlanned(12345, (x.sid,)))),  # never defined
+    ("protocol", lambda c, x: _planned(c, x, (x.sid,))),  # a value short
+    ("protocol", lambda c, x: _planned(c, x, (b"\0" * 4, c.new_sid()))),  # bytes where a storage id goes
 ]
+
+
+def _planned(c: Client, x, values: tuple) -> None:
+    """Define plan 9 as neg(x) -> a new storage, then run it with `values`."""
+    c.send(m.RunOp("aten::neg", (x.ext,), {}, (c.empty((4,)).ext,), False, None, 9))
+    c.sync()
+    c.send(m.RunPlanned(9, values))
 
 
 @pytest.mark.parametrize("kind, action", SEMANTIC_ERRORS)
@@ -227,6 +237,11 @@ requests = st.one_of(
                                                                 st.just({})), max_size=3).map(tuple),
               st.lists(values, max_size=2).map(tuple), st.lists(values, max_size=2).map(tuple),
               st.lists(st.one_of(st.none(), refs), max_size=2).map(tuple)),
+    st.builds(m.RunOp, op_names, st.lists(values, max_size=3).map(tuple), st.just({}),
+              st.lists(st.one_of(st.none(), refs), max_size=2).map(tuple), st.booleans(), st.none(),
+              st.one_of(st.integers(0, 3), leaf)),
+    st.builds(m.RunPlanned, st.one_of(st.integers(0, 3), leaf),
+              st.lists(st.one_of(st.integers(0, 5), leaf), max_size=4).map(tuple)),
     st.builds(m.Sync), st.builds(m.Stats), st.builds(m.Ping, st.integers(0, 100)),
 )
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import torch
 
+from remote_accel.dataplane import messages as m
 from remote_accel.dataplane import torch_values
 from remote_accel.dataplane.codec import Ext
-from remote_accel.server.testing import Ref
+from remote_accel.server.testing import Ref, encode_arg
 
 ON_CPU = os.environ.get("REMOTE_ACCEL_TEST_DEVICE", "cpu") == "cpu"
 
@@ -62,6 +64,19 @@ def test_softmax_and_scalar_argument(client):
     client.run("aten::mul.Tensor", y, torch.tensor(3.0), outs=(z,))
     close(client.download(y), torch.softmax(x, 1))
     close(client.download(z), torch.softmax(x, 1) * 3)
+
+
+def test_a_planned_op_runs_again_with_other_storages_and_scalars(client):
+    a, b = torch.randn(5), torch.randn(5)
+    ra, rb = client.upload(a), client.upload(b)
+    first, second = client.empty((5,)), client.empty((5,))
+    args = encode_arg((ra, torch.tensor(3.0)))  # a tensor reference and an inline CPU scalar
+    client.send(m.RunOp("aten::mul.Tensor", args, {}, encode_arg((first,)), False, None, 41))
+    # RunPlanned's values fill the holes in wire order: args, kwargs, outs
+    client.batch(m.RunPlanned(41, (rb.sid, struct.pack("<f", -0.5), second.sid)))
+    assert client.sync() == 2
+    close(client.download(first), a * 3)
+    close(client.download(second), b * -0.5)
 
 
 def test_in_place_and_out_variants(client):
