@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import statistics
 import time
 
 import torch
@@ -38,12 +39,15 @@ def _step_fn(model, device):
 
 
 def _time(fn, n: int) -> float:
+    """Median seconds per call: on a small shared machine the mean follows stray stalls."""
     fn()
     fn()
-    start = time.perf_counter()
+    times = []
     for _ in range(n):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / n
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main() -> int:
@@ -59,14 +63,16 @@ def main() -> int:
         remote_accel.init(transport=args.transport, server=f"{host}:{port}", token=server.token)
         session = runtime.sessions()[0]
         a = torch.randn(16, 16, device="remote_accel")
-        n = 2000
-        session.sync()
-        start = time.perf_counter()
-        for _ in range(n):
-            a.add_(1.0)
-        enqueue = (time.perf_counter() - start) / n
-        session.sync()
-        ops_per_s = n / (time.perf_counter() - start)
+        n, enqueues, rates = 2000, [], []
+        for _ in range(5):  # the median of five rounds
+            session.sync()
+            start = time.perf_counter()
+            for _ in range(n):
+                a.add_(1.0)
+            enqueues.append((time.perf_counter() - start) / n)
+            session.sync()
+            rates.append(n / (time.perf_counter() - start))
+        enqueue, ops_per_s = statistics.median(enqueues), statistics.median(rates)
 
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
