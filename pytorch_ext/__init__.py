@@ -1,7 +1,8 @@
 """The remote_accel device: a PrivateUse1 backend whose tensors live on a remote server.
 
 `remote_accel.init()` renames PrivateUse1 to "remote_accel", registers `torch.remote_accel`
-and the tensor methods, installs the boxed fallback (fallback.py) and connects.
+and the tensor methods, installs the boxed fallback (csrc/op_queue.cpp, with its Python
+half in fallback.py) and connects.
 """
 
 from .runtime import init, is_initialized, shutdown

@@ -2,9 +2,10 @@
 //
 // A remote_accel tensor's storage is a handle: a 64-bit storage id plus a reserved (never
 // readable) address range, so that ATen's pointer arithmetic and overlap checks work
-// while the bytes themselves live on the server. Everything that talks to the server is
-// Python; this part only gives PyTorch the pieces it cannot do without (an allocator, a
-// device guard, hooks, a generator, and view kernels that never need the server).
+// while the bytes themselves live on the server. This part gives PyTorch the pieces it
+// cannot do without (an allocator, a device guard, hooks, a generator, and view kernels
+// that never need the server); op_queue.h queues repeated ops; the transports and
+// everything else that talks to the server are Python.
 #pragma once
 
 #include <ATen/core/Generator.h>

@@ -110,7 +110,7 @@ def test_scalars_are_never_replayed(session):
 
 def test_every_call_names_its_own_tensors(session):
     xs = [torch.full((2, 2), float(i), device="remote_accel") for i in range(4)]
-    outs = [x * x + x for x in xs]  # one cached encoding per op, four different storages
+    outs = [x * x + x for x in xs]  # one plan per op, four different storages
     assert [o.cpu()[0, 0].item() for o in outs] == [i * i + i for i in range(4)]
 
 
