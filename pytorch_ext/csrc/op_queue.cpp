@@ -635,21 +635,26 @@ void install_op_fallback(py::function slow_path, py::function flush, int64_t all
   }
 }
 
+namespace {
+// Empties the queue; the caller holds q.mu.
+void reset(Queue& q, bool open) {
+  q.open = open;
+  q.bytes.clear();
+  q.requests = q.ops = 0;
+}
+} // namespace
+
 void queue_open(c10::DeviceIndex device) {
   auto& q = queue(device);
   std::lock_guard<std::mutex> lock(q.mu);
-  q.open = true;
-  q.bytes.clear();
-  q.requests = q.ops = 0;
+  reset(q, true);
   q.announced.clear();  // a new server knows none of the old storages
 }
 
 void queue_close(c10::DeviceIndex device) {
   auto& q = queue(device);
   std::lock_guard<std::mutex> lock(q.mu);
-  q.open = false;
-  q.bytes.clear();
-  q.requests = q.ops = 0;
+  reset(q, false);
 }
 
 std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device) {
@@ -658,7 +663,7 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(q.mu);
   bytes.swap(q.bytes);
   q.bytes.reserve(bytes.capacity());
-  const auto taken = std::make_tuple(q.requests, q.ops, std::move(bytes));
+  auto taken = std::make_tuple(q.requests, q.ops, std::move(bytes));
   q.requests = q.ops = 0;
   return taken;
 }
