@@ -5,6 +5,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+import torch
+
+import remote_accel
 from remote_accel.server.failure import EXIT_DEVICE_LOST
 from remote_accel.server.testing import ServerProcess
 
@@ -90,3 +94,22 @@ def test_out_of_range_index_fails_at_the_next_sync():
             assert "unrecoverable error" in lines["after"], lines
             assert server.proc.wait(timeout=30) == EXIT_DEVICE_LOST, server.log()
             assert "Traceback" not in server.log() and "terminate called" not in server.log(), server.log()
+
+
+def test_ops_served_from_plans_after_the_server_is_gone_raise():
+    with ServerProcess() as server:
+        try:
+            remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=5)
+            x = torch.ones(8, device="remote_accel")
+            for _ in range(3):  # the later two are served from the plan in C++
+                x.add_(1.0)
+            assert x.cpu().tolist() == [4.0] * 8
+            server.kill()
+            with pytest.raises(remote_accel.RemoteAccelError):
+                for _ in range(10_000):  # served from the plan until the queue fills and meets the dead link
+                    x.add_(1.0)
+                x.cpu()
+            with pytest.raises(remote_accel.RemoteAccelError):
+                x.add_(1.0)  # the queue is closed: Python raises the session's error
+        finally:
+            remote_accel.shutdown()
