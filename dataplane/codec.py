@@ -47,7 +47,7 @@ _INT64 = (-(1 << 63), 1 << 63)
 
 
 def encode_int(v: int) -> bytes:
-    """encode(v) for an int, without the generic dispatch (ids in cached op encodings)."""
+    """encode(v) for an int, without the generic dispatch (storage ids in tensor references)."""
     if -_SMALL_BIAS <= v < _SMALL_BIAS:
         return _SMALL_INTS[v + _SMALL_BIAS]
     return b"\x03" + _Q.pack(v)

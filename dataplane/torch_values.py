@@ -101,7 +101,7 @@ def encode_value(v: Any, tensor_ref: Callable[[torch.Tensor], Ext]) -> Any:
     raise TypeError(f"cannot send a value of type {t.__name__} to the server")
 
 
-_REF_HEAD = bytes((codec._EXT, TENSOR, codec._TUPLE)) + codec._I.pack(6)
+_REF_HEAD = bytes((codec._EXT, TENSOR)) + codec.tuple_header(6)
 _ref_tails: dict = {}
 _REF_TAILS_MAX = 1 << 14
 
@@ -116,7 +116,7 @@ def encoded_tensor_ref(sid: int, dtype: torch.dtype, shape: tuple, stride: tuple
         if len(_ref_tails) >= _REF_TAILS_MAX:
             _ref_tails.clear()
         _ref_tails[key] = tail
-    return Raw(_REF_HEAD + codec.encode(sid) + tail)
+    return Raw(_REF_HEAD + codec.encode_int(sid) + tail)
 
 
 #: 0-dim CPU tensors of these dtypes (wrapped numbers above all) are packed from .item()

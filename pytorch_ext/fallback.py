@@ -85,7 +85,6 @@ def run_op(op, args, kwargs):
 
 
 def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
-    args, kwargs = meta.rewrap_numbers(op, args, kwargs, _C.wrapped_number)
     index = _device_index(args, kwargs)
     session = runtime.session(index)
     plan = meta.infer(op, args, kwargs)
@@ -220,8 +219,7 @@ def _materialise(spec, args, kwargs, device):
 
 
 def run_with_reply(op, args, kwargs, index):
-    """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel).
-    `args` come as run_op hands them on: numbers in Tensor slots already re-wrapped."""
+    """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel)."""
     session = runtime.session(index)
     n_out = meta.count_tensor_returns(op)
     temp = tuple(-next(_temp_ids) for _ in range(n_out))

@@ -56,7 +56,6 @@ class _Schema:
     alias_of: tuple  # per return: the argument locator it aliases, or None
     writes: tuple  # per return: True for in-place / out= results
     kinds: tuple  # per return: "tensor", "list", "optional", "other"
-    tensor_args: tuple  # (position, name) of every argument typed plain `Tensor`
     generator_arg: Optional[tuple]  # locator of a Generator? argument
     seeded_without_generator: bool  # random, but draws from the default stream implicitly
 
@@ -64,11 +63,9 @@ class _Schema:
 @functools.lru_cache(maxsize=None)
 def schema_of(op) -> _Schema:
     schema = op._schema
-    names, kw_only, alias_sets, generator, tensors = [], set(), {}, None, []
+    names, kw_only, alias_sets, generator = [], set(), {}, None
     for i, a in enumerate(schema.arguments):
         names.append(a.name)
-        if str(a.type) == "Tensor":
-            tensors.append((i, a.name))
         locator = ("kw", a.name) if a.kwarg_only else ("pos", i, a.name)
         if a.kwarg_only:
             kw_only.add(a.name)
@@ -91,8 +88,7 @@ def schema_of(op) -> _Schema:
                      "optional" if text in ("Optional[Tensor]", "Tensor?") else
                      "tensor" if text == "Tensor" else "other")
     seeded = generator is None and torch.Tag.nondeterministic_seeded in op.tags
-    return _Schema(tuple(names), frozenset(kw_only), tuple(alias_of), tuple(writes), tuple(kinds),
-                   tuple(tensors), generator, seeded)
+    return _Schema(tuple(names), frozenset(kw_only), tuple(alias_of), tuple(writes), tuple(kinds), generator, seeded)
 
 
 def op_name(op) -> str:
@@ -106,27 +102,6 @@ def argument(args, kwargs, locator):
         return kwargs.get(locator[1])
     _, i, name = locator
     return args[i] if i < len(args) else kwargs.get(name)
-
-
-_NUMBERS = (int, float, bool, complex)
-
-
-def rewrap_numbers(op, args: tuple, kwargs: dict, wrap) -> tuple[tuple, dict]:
-    """Plain numbers where the schema wants a Tensor (wrapped numbers that C++ callers
-    passed) become wrapped-number tensors again, via `wrap`."""
-    slots = schema_of(op).tensor_args
-    if not slots:
-        return args, kwargs
-    fixed_args, fixed_kwargs = None, None
-    for i, name in slots:
-        if i < len(args):
-            if type(args[i]) in _NUMBERS:
-                fixed_args = fixed_args or list(args)
-                fixed_args[i] = wrap(args[i])
-        elif type(kwargs.get(name)) in _NUMBERS:
-            fixed_kwargs = fixed_kwargs or dict(kwargs)
-            fixed_kwargs[name] = wrap(kwargs[name])
-    return (tuple(fixed_args) if fixed_args else args), (fixed_kwargs or kwargs)
 
 
 def takes_generator(op) -> Optional[tuple]:

@@ -22,7 +22,7 @@ from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, Remo
                       RemoteOutOfMemoryError, TransportError, TransportTimeout)
 from .._version import WIRE_VERSION
 from ..dataplane import messages as m
-from ..dataplane.codec import Raw, encode
+from ..dataplane.codec import encode
 from ..dataplane.transport import Transport, default_sink
 from ..dataplane.wire import MsgType
 
@@ -96,11 +96,11 @@ class Session:
         self._queue_item(m.batch_item(msg), payload)
 
     def _queue_item(self, item, payload: Optional[bytes] = None) -> None:
-        """Queue a batch item: a (type, fields) pair or its encoding (Raw)."""
+        """Queue a batch item, a (type, fields) pair."""
         with self._lock:
             self._check_alive()
             self._take_native()
-            self._batch += item if type(item) is Raw else encode(item)
+            self._batch += encode(item)
             self._batch_items += 1
             if payload is not None:
                 self._payloads.append(payload)

@@ -17,8 +17,6 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/strides.h>
-#include <ATen/ScalarOps.h>
-#include <pybind11/complex.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -177,24 +175,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("version", [] { return std::string(REMOTE_ACCEL_VERSION); },
         "Version of the package this extension was built for.");
 
-  m.def("wrapped_number", [](py::object value) {
-          // What C++ callers pass as a Scalar where an op takes a Tensor: the boxed fallback
-          // hands such "wrapped numbers" to Python as plain numbers, and only the wrapped
-          // flag keeps their weak part in type promotion (int tensor + 0.5 stays float32).
-          at::Scalar scalar;
-          if (py::isinstance<py::bool_>(value)) {
-            scalar = value.cast<bool>();
-          } else if (py::isinstance<py::int_>(value)) {
-            scalar = value.cast<int64_t>();
-          } else if (py::isinstance<py::float_>(value)) {
-            scalar = value.cast<double>();
-          } else {
-            scalar = c10::complex<double>(value.cast<std::complex<double>>());
-          }
-          at::Tensor t = c10::scalar_to_tensor(scalar);
-          t.unsafeGetTensorImpl()->set_wrapped_number(true);
-          return t;
-        }, py::arg("value"), "A 0-dim CPU tensor flagged as a wrapped number, as ATen makes them.");
   m.def("storage_id", [](const at::Tensor& t) { return ra::id_of(t.storage()); }, py::arg("tensor"));
   m.def("storage_id", [](const at::Storage& s) { return ra::id_of(s); }, py::arg("storage"),
         "Storage id of a remote_accel tensor or storage: 0 for a storage without bytes.");
