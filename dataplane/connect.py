@@ -34,10 +34,14 @@ def _resolve(transport: Optional[str], eal_args) -> tuple[str, Optional[list]]:
     return choice, eal_args
 
 
-def _tcp_connect(server: Optional[str], timeout: float, **kwargs) -> Transport:
+def _tcp_connect(server: Optional[str], timeout: float, tls=None, **kwargs) -> Transport:
     from .tcp import TcpTransport
 
     host, port = config.parse_host_port(server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_TCP_SERVER)
+    if tls is not None:
+        from .tls import TlsTransport
+
+        return TlsTransport.connect(host, port, timeout=timeout, tls=tls, **kwargs)
     return TcpTransport.connect(host, port, timeout=timeout, **kwargs)
 
 
@@ -46,11 +50,14 @@ def connect(transport: Optional[str] = "auto", server: Optional[str] = None, por
     """A transport to the server. `port` is the DPDK port id; `server` the TCP address.
 
     "auto" tries DPDK when it is built and a local memif server runs (or EAL arguments
-    name a device), else TCP; "dpdk" and "tcp" never fall back.
+    name a device), else TCP; "dpdk" and "tcp" never fall back. `tls` (an SSLContext,
+    `tls.client_context`) makes TCP speak TLS; DPDK links stay plain text.
     """
     choice, eal_args = _resolve(transport, eal_args)
     if choice == "tcp":
         return _tcp_connect(server, timeout, **kwargs)
+    if kwargs.get("tls") is not None:
+        log.info("TLS applies to TCP only: a DPDK link stays plain text (a trusted L2 fabric)")
     if choice == "dpdk":
         from .dpdk import DpdkTransport
 

@@ -34,11 +34,23 @@ def _message(msg_type: MsgType):
 
 
 # -- session control ------------------------------------------------------------------
+# The handshake (see `handshake`): HELLO -> CHALLENGE -> AUTH -> WELCOME. The token
+# itself never travels, only HMACs of both sides' fresh nonces under it.
 @_message(MsgType.HELLO)
 class Hello:
-    token: str
     client: str  # free text for the server's log: "host pid"
     wire_version: int
+    nonce: bytes  # the client's fresh random nonce
+
+
+@_message(MsgType.CHALLENGE)
+class Challenge:
+    nonce: bytes  # the server's fresh random nonce
+
+
+@_message(MsgType.AUTH)
+class Auth:
+    proof: bytes  # the client's HMAC of both nonces under the token
 
 
 @_message(MsgType.WELCOME)
@@ -47,6 +59,7 @@ class Welcome:
     device: str  # the torch device the server executes on, e.g. "cuda:0"
     memory_limit: int  # bytes this session may hold; 0: no limit but the device's
     server_version: str
+    proof: bytes  # the server's HMAC of both nonces under the token (another label)
 
 
 @_message(MsgType.GOODBYE)

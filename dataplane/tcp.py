@@ -198,6 +198,9 @@ class TcpListener(Listener):
             sock, _ = self._sock.accept()
         except OSError as exc:
             raise TransportClosed(f"listener closed: {exc}") from exc
+        return self._transport(sock)
+
+    def _transport(self, sock: socket.socket) -> TcpTransport:
         return TcpTransport(sock, **self._kwargs)
 
     def close(self) -> None:

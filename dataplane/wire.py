@@ -42,6 +42,8 @@ class MsgType(enum.IntEnum):
     PING = 4
     PONG = 5
     ERROR = 6
+    CHALLENGE = 7
+    AUTH = 8
     # storage
     ALLOC = 16
     FREE = 17

@@ -33,6 +33,9 @@ def init(
     timeout: float = config.DEFAULT_TIMEOUT_S,
     *,
     servers: Optional[Sequence[str]] = None,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
 ) -> None:
     """Connect to the remote_accel server(s); afterwards device="remote_accel" works.
 
@@ -45,6 +48,11 @@ def init(
     token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
       local server wrote).
     timeout: seconds a sync point waits for the server before raising RemoteAccelError.
+    tls_ca: PEM file of the CA that signed the server's certificate (default:
+      $REMOTE_ACCEL_TLS_CA): TCP then speaks TLS, and a server without a certificate valid
+      for its address under that CA is refused. DPDK links stay plain text.
+    tls_cert, tls_key: this client's certificate and key, for a server that asks for one
+      (--tls-client-ca; default: $REMOTE_ACCEL_TLS_CERT, $REMOTE_ACCEL_TLS_KEY).
     """
     from . import _register
 
@@ -62,6 +70,7 @@ def init(
     if timeout <= 0:
         raise ConfigError("timeout must be positive")
     token = token if token is not None else _default_token()
+    tls = _tls_context(tls_ca, tls_cert, tls_key)
 
     with _lock:
         if _sessions:
@@ -69,7 +78,7 @@ def init(
         made: list[Session] = []
         try:
             for address in servers:
-                link = _connect(transport, address, port, eal_args, timeout)
+                link = _connect(transport, address, port, eal_args, timeout, tls)
                 made.append(Session(link, token=token, timeout=timeout))
                 log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
         except BaseException:
@@ -91,17 +100,36 @@ def init(
         raise
 
 
-def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float):
+def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float, tls):
     try:
         from ..dataplane import connect as dataplane_connect
     except ImportError:  # built without the DPDK data plane
         dataplane_connect = None
     if dataplane_connect is not None:
-        return dataplane_connect.connect(transport, server=address, port=port, eal_args=eal_args, timeout=timeout)
+        return dataplane_connect.connect(transport, server=address, port=port, eal_args=eal_args, timeout=timeout,
+                                         tls=tls)
     from ..dataplane.tcp import TcpTransport
+    from ..dataplane.tls import TlsTransport
 
     host, tcp_port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
+    if tls is not None:
+        return TlsTransport.connect(host, tcp_port, timeout=timeout, tls=tls)
     return TcpTransport.connect(host, tcp_port, timeout=timeout)
+
+
+def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
+    """The TLS settings of init()'s arguments or the environment; None: plain TCP."""
+    from ..dataplane.tls import client_context
+
+    ca = ca or os.environ.get(config.ENV_TLS_CA)
+    cert = cert or os.environ.get(config.ENV_TLS_CERT)
+    key = key or os.environ.get(config.ENV_TLS_KEY)
+    if not ca:
+        if cert or key:
+            raise ConfigError("a TLS client certificate needs tls_ca (or REMOTE_ACCEL_TLS_CA) too: "
+                              "the server must be checked as well")
+        return None
+    return client_context(ca, cert, key)
 
 
 def _default_token() -> str:

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
                       RemoteOutOfMemoryError, TransportError, TransportTimeout)
-from .._version import WIRE_VERSION
+from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.codec import encode
 from ..dataplane.transport import Transport, default_sink
@@ -57,7 +57,13 @@ class Session:
         #: anything queued here after them
         self.native_queue = None
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
-        reply = self._call(m.Hello(token, client, WIRE_VERSION), m.Welcome)
+        try:
+            reply = handshake.client_handshake(transport, token, client, timeout)
+        except (RemoteAccelError, ProtocolError) as exc:
+            transport.close()
+            if isinstance(exc, (TransportError, TransportTimeout)):
+                raise RemoteAccelError(f"cannot start a session with {transport.peer}: {exc}") from exc
+            raise
         self.welcome: m.Welcome = reply
         self.device_type = reply.device.partition(":")[0]  # the server's torch device type
         self._stop = threading.Event()

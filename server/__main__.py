@@ -8,9 +8,11 @@ every argument is a server option.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import re
 import signal
+import socket
 import sys
 import threading
 from typing import Optional
@@ -108,10 +110,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=_seconds, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                    help="a client that sends nothing for this long is dropped and its memory freed, "
                         f"0.1..86400 (default: {DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})")
+    p.add_argument("--tls-cert", default=None, metavar="PATH",
+                   help="PEM certificate (chain) for TCP clients: TCP then speaks TLS only; needs --tls-key")
+    p.add_argument("--tls-key", default=None, metavar="PATH", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default=None, metavar="PATH",
+                   help="mutual TLS: TCP clients must present a certificate signed by this CA")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow TCP without TLS on an address that is not loopback (a network you trust)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
     return p
+
+
+def check_tls(args) -> Optional[str]:
+    """Why these TLS options cannot start a server, or None."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_client_ca and not args.tls_cert:
+        return "--tls-client-ca needs --tls-cert and --tls-key (the server's own TLS identity)"
+    host = args.listen[0]
+    if "tcp" in args.transport and not args.tls_cert and not args.insecure and not is_loopback(host):
+        return (f"refusing to serve TCP on {host} without TLS: tokens stay secret (challenge-response), but "
+                "tensors and ops would cross the network in clear and could be changed on the way.\n"
+                "  Give the server a certificate: --tls-cert server.crt --tls-key server.key, e.g. a self-signed pair:\n"
+                "    openssl req -x509 -newkey rsa:2048 -nodes -days 365 -keyout server.key -out server.crt \\\n"
+                f"      -subj /CN={host} -addext subjectAltName=DNS:$(hostname),IP:<this host's address>\n"
+                "  and give clients the certificate to check it by: remote_accel.init(..., tls_ca=\"server.crt\") "
+                "or REMOTE_ACCEL_TLS_CA=server.crt (README, section Security).\n"
+                "  Or pass --insecure on a network you trust.")
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback one (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def open_listeners(args, eal: list) -> list:
@@ -120,12 +161,23 @@ def open_listeners(args, eal: list) -> list:
         listeners.append(_dpdk_listener(args.port, eal))
     elif eal:
         log.warning("EAL options ignored: DPDK is not among the transports (%s)", ",".join(args.transport))
+    if args.tls_cert and "tcp" not in args.transport:
+        log.warning("TLS options ignored: they apply to TCP, which is not among the transports")
     if "tcp" in args.transport:
         from ..dataplane.tcp import TcpListener
+        from ..dataplane.tls import TlsListener, server_context
 
         host, port = args.listen
         try:
-            listeners.append(TcpListener(host, port))
+            if args.tls_cert:
+                tls = server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+                listeners.append(TlsListener(host, port, tls=tls))
+            else:
+                listeners.append(TcpListener(host, port))
+        except ConfigError:
+            for listener in listeners:
+                listener.close()
+            raise
         except OSError as exc:
             for listener in listeners:
                 listener.close()
@@ -148,6 +200,10 @@ def _dpdk_listener(port: Optional[int], eal: list):
 def main(argv: Optional[list] = None) -> int:
     eal, options = split_eal(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(options)
+    why = check_tls(args)
+    if why is not None:
+        print(f"remote-accel-server: {why}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # torch loads only now, so that --help and bad options answer at once.
@@ -173,7 +229,7 @@ def main(argv: Optional[list] = None) -> int:
     for listener in listeners:
         server.serve(listener)
         try:
-            print(f"listening on {listener.address}", flush=True)
+            print(f"listening on {listener.address}{' (TLS)' if getattr(listener, 'tls', False) else ''}", flush=True)
         except BrokenPipeError:
             pass
     while not stop.wait(0.2):  # short waits: signal handlers run between them

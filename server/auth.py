@@ -1,6 +1,6 @@
-"""The shared token that clients present in HELLO.
+"""The shared token, and the server's half of the handshake that proves both sides hold it.
 
-By default it lives in `config.default_token_file()`, inside a folder only this user can
+The handshake itself (nonces, labels, why) is described in `dataplane.handshake`. By default it lives in `config.default_token_file()`, inside a folder only this user can
 enter, so that a client on the same host and account reads it without being told.
 A token file that others may read is refused: anyone who can read it can use the server.
 """
@@ -11,12 +11,25 @@ import logging
 import os
 import secrets
 import stat
+import time
+from typing import TYPE_CHECKING, Optional
 
-from ..errors import ConfigError
+from .._version import WIRE_VERSION
+from .._version import __version__ as SERVER_VERSION
+from ..dataplane import handshake as hs
+from ..dataplane import messages as m
+from ..dataplane.wire import type_name
+from ..errors import ConfigError, ProtocolError, TransportError, TransportTimeout
+from . import failure
+
+if TYPE_CHECKING:
+    from .session import Session
 
 log = logging.getLogger(__name__)
 
 TOKEN_BYTES = 32
+#: A client has this long from connecting to WELCOME (TLS handshake included).
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def load_or_create(path: str) -> str:
@@ -51,3 +64,79 @@ def _read(path: str) -> str:
     if not token:
         raise ConfigError(f"token file {path} is empty")
     return token
+
+
+def handshake(session: "Session") -> bool:
+    """Run the server's half on a new connection: True once the client proved it holds
+    the token, got our proof and a WELCOME, and is counted by the server; False after
+    telling it why not (or when it left), with the reason logged."""
+    transport, server = session.transport, session.server
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+    got = _receive(session, m.Hello, deadline)
+    if got is None:
+        return False
+    hello, req_id = got
+    session.client = hello.client[:200]
+    if hello.wire_version != WIRE_VERSION:
+        return _refuse(session, req_id, failure.PROTOCOL,
+                       f"client speaks wire version {hello.wire_version}, this server {WIRE_VERSION}")
+    if not hs.valid_nonce(hello.nonce):
+        return _refuse(session, req_id, failure.PROTOCOL, f"HELLO needs a nonce of {hs.NONCE_BYTES} bytes")
+    nonce = hs.new_nonce()
+    _send(session, m.Challenge(nonce), req_id)
+    got = _receive(session, m.Auth, deadline)
+    if got is None:
+        return False
+    answer, req_id = got
+    if not hs.matches(hs.client_proof(server.token, nonce, hello.nonce), answer.proof):
+        log.warning("refused %s (%s): wrong token", transport.peer, session.client)
+        return _refuse(session, req_id, failure.AUTH, hs.WRONG_TOKEN)
+    session.admitted = server.admit(session)
+    if not session.admitted:
+        log.warning("refused %s (%s): %d clients already", transport.peer, session.client, server.max_clients)
+        return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients")
+    proof = hs.server_proof(server.token, hello.nonce, nonce)
+    _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof),
+          req_id)
+    log.info("client connected: session %d, %s (%s)", session.number, transport.peer, session.client)
+    return True
+
+
+def _receive(session: "Session", cls, deadline: float) -> Optional[tuple]:
+    """The next message if it is a `cls`, with its req_id; None (the client told, the
+    reason logged) otherwise."""
+    transport, what = session.transport, type_name(cls.TYPE)
+    try:
+        msg = transport.recv(timeout=max(0.0, deadline - time.monotonic()), sink=_refuse_payloads)
+    except TransportTimeout:
+        log.info("%s sent no %s within %.0f s of connecting; closing", transport.peer, what, HANDSHAKE_TIMEOUT_S)
+        return None
+    except (TransportError, ProtocolError) as exc:
+        log.info("%s dropped before %s: %s", transport.peer, what, exc)
+        return None
+    try:
+        request = m.decode(msg.type, msg.meta)
+        if type(request) is not cls:
+            raise ProtocolError(f"the handshake expects {what} here, not {type_name(msg.type)}")
+    except ProtocolError as exc:
+        _refuse(session, msg.req_id, failure.AUTH, str(exc))
+        return None
+    return request, msg.req_id
+
+
+def _send(session: "Session", reply, req_id: int) -> None:
+    session.transport.send(reply.TYPE, m.encode(reply), req_id=req_id)
+
+
+def _refuse(session: "Session", req_id: int, kind: str, text: str) -> bool:
+    try:
+        _send(session, m.ErrorReply(kind, text, ""), req_id)
+    except TransportError:
+        pass
+    return False
+
+
+def _refuse_payloads(header, meta, lengths) -> list:
+    if lengths:  # the payload bytes are not read: the session ends in any case
+        raise ProtocolError(f"{type_name(header.type)} with payloads during the handshake")
+    return []

@@ -14,7 +14,6 @@ on the missing results do not replace it.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
@@ -22,15 +21,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 import numpy as np
 import torch
 
-from .._version import WIRE_VERSION
-from .._version import __version__ as SERVER_VERSION
 from ..dataplane import messages as m
 from ..dataplane import torch_values
 from ..dataplane.codec import Ext
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import failure
+from . import auth, failure
 from .executor import Executor
 from .failure import Failure
 from .rng import Generators
@@ -41,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
 #: Payloads the server only throws away (SINK, a WRITE to a bad handle) land in one
 #: reused scratch buffer; one larger than this cannot be taken, and the session ends.
 MAX_DISCARD_BYTES = 2 << 30
@@ -111,42 +108,7 @@ class Session:
             self._release(reason)
 
     def _handshake(self) -> bool:
-        try:
-            msg = self.transport.recv(timeout=HELLO_TIMEOUT_S, sink=_refuse_payloads)
-        except TransportTimeout:
-            log.info("%s sent no HELLO within %.0f s; closing", self.transport.peer, HELLO_TIMEOUT_S)
-            return False
-        except (TransportError, ProtocolError, Desync) as exc:
-            log.info("%s dropped before HELLO: %s", self.transport.peer, exc)
-            return False
-        try:
-            hello = m.decode(msg.type, msg.meta)
-            if type(hello) is not m.Hello:
-                raise ProtocolError(f"the first message must be HELLO, not {type_name(msg.type)}")
-        except ProtocolError as exc:
-            return self._refuse(msg, failure.AUTH, str(exc))
-        self.client = hello.client[:200]
-        if hello.wire_version != WIRE_VERSION:
-            return self._refuse(msg, failure.PROTOCOL, f"client speaks wire version {hello.wire_version}, "
-                                                       f"this server {WIRE_VERSION}")
-        if not hmac.compare_digest(hello.token.encode(), self.server.token.encode()):
-            log.warning("refused %s (%s): wrong token", self.transport.peer, self.client)
-            return self._refuse(msg, failure.AUTH, "wrong token")
-        self.admitted = self.server.admit(self)
-        if not self.admitted:
-            log.warning("refused %s (%s): %d clients already", self.transport.peer, self.client,
-                        self.server.max_clients)
-            return self._refuse(msg, failure.BUSY, f"the server serves at most {self.server.max_clients} clients")
-        self._send(m.Welcome(self.number, self.device.name, self.server.memory_limit, SERVER_VERSION), msg.req_id)
-        log.info("client connected: session %d, %s (%s)", self.number, self.transport.peer, self.client)
-        return True
-
-    def _refuse(self, msg: Message, kind: str, text: str) -> bool:
-        try:
-            self._send(m.ErrorReply(kind, text, ""), msg.req_id)
-        except TransportError:
-            pass
-        return False
+        return auth.handshake(self)
 
     def _loop(self) -> str:
         self._stream = self.device.new_stream()
@@ -453,12 +415,6 @@ class Session:
             self._send(reply)
         except TransportError:
             pass
-
-
-def _refuse_payloads(header, meta, lengths) -> list:
-    if lengths:
-        raise Desync("payloads before HELLO")
-    return []
 
 
 def _batch_writes(items: list) -> tuple[list, list]:

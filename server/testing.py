@@ -25,11 +25,12 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .._version import WIRE_VERSION
+from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane import torch_values
 from ..dataplane.codec import Ext
 from ..dataplane.tcp import TcpTransport
+from ..dataplane.tls import TlsTransport
 from ..dataplane.transport import Transport
 from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError
 from .storage import span_bytes
@@ -203,10 +204,17 @@ class Client:
         self._sid = itertools.count(1)
         self.welcome: Optional[m.Welcome] = None
         if token is not None:
-            self.welcome = self.request(m.Hello(token, f"testing {os.getpid()}", WIRE_VERSION))[0]
+            try:
+                self.welcome = handshake.client_handshake(transport, token, f"testing {os.getpid()}", timeout)
+            except BaseException:
+                transport.close()
+                raise
 
     @classmethod
-    def tcp(cls, host: str, port: int, token: Optional[str] = None, **kwargs) -> "Client":
+    def tcp(cls, host: str, port: int, token: Optional[str] = None, *, tls=None, **kwargs) -> "Client":
+        """`tls`: an ssl.SSLContext (`dataplane.tls.client_context`) for a TLS server."""
+        if tls is not None:
+            return cls(TlsTransport.connect(host, port, tls=tls), token, **kwargs)
         return cls(TcpTransport.connect(host, port), token, **kwargs)
 
     # -- messages -------------------------------------------------------------------------

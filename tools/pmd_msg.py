@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._version import WIRE_VERSION
+from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane import wire
 from ..errors import RemoteAccelError, TransportError, TransportTimeout
@@ -76,13 +76,10 @@ class MessageRunner:
     # -- setup ---------------------------------------------------------------------------
     def _hello(self, token: str) -> None:
         client = f"{socket.gethostname()} {os.getpid()} ra-testpmd"
-        self.t.send(m.Hello.TYPE, m.encode(m.Hello(token, client, WIRE_VERSION)), req_id=0)
-        msg = self.t.recv(timeout=30)
-        reply = m.decode(msg.type, msg.meta)
-        if isinstance(reply, m.ErrorReply):
-            raise PeerError(f"the server refused us: {reply.message} ({reply.kind})")
-        if not isinstance(reply, m.Welcome):
-            raise PeerError(f"expected WELCOME, got {wire.type_name(msg.type)}")
+        try:
+            reply = handshake.client_handshake(self.t, token, client, timeout=30)
+        except RemoteAccelError as exc:
+            raise PeerError(str(exc)) from exc
         self.info[0].driver += f" -> {reply.device}"
 
     def _send(self, msg, req_id: int, payloads=()) -> None:

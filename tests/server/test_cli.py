@@ -71,7 +71,7 @@ def test_startup_errors_are_clear(tmp_path):
     assert out.returncode == 2 and "unknown device 'tpu'" in out.stderr
     out = run_cli("--device", "cuda:7", "--token-file", str(tmp_path / "t"))
     assert out.returncode == 2 and "cuda" in out.stderr
-    out = run_cli("--device", "cpu", "--listen", "203.0.113.1:1", "--token-file", str(tmp_path / "t"))
+    out = run_cli("--device", "cpu", "--listen", "203.0.113.1:1", "--insecure", "--token-file", str(tmp_path / "t"))
     assert out.returncode == 2 and "cannot listen" in out.stderr
 
 

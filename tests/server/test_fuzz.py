@@ -15,6 +15,7 @@ from remote_accel._version import WIRE_VERSION
 from remote_accel.dataplane import codec, torch_values, wire
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.codec import Ext
+from remote_accel.dataplane.handshake import client_handshake
 from remote_accel.dataplane.tcp import TcpTransport
 from remote_accel.server.testing import Client, ServerProcess
 
@@ -57,9 +58,7 @@ def bystander(target):
 def raw_session(server, authenticated: bool = True) -> socket.socket:
     sock = socket.create_connection(server.tcp, timeout=10)
     if authenticated:
-        t = TcpTransport(sock)
-        t.send(m.Hello.TYPE, m.encode(m.Hello(server.token, "fuzz", WIRE_VERSION)))
-        assert t.recv(timeout=10).type == m.MsgType.WELCOME
+        client_handshake(TcpTransport(sock), server.token, "fuzz", timeout=10)
     return sock
 
 

@@ -103,7 +103,7 @@ def test_protocol_errors_are_answered_at_once(client):
     t.send(int(m.MsgType.RUN), b"\xff\xfe", req_id=12)  # undecodable meta
     t.send(int(m.MsgType.RUN), codec.encode(("aten::add", 1)), req_id=13)  # missing fields
     t.send(int(m.MsgType.BATCH), m.encode(m.Batch(((int(m.MsgType.SYNC), ()),))), req_id=14)
-    t.send(int(m.MsgType.WELCOME), m.encode(m.Welcome(1, "x", 0, "y")), req_id=15)  # server-to-client type
+    t.send(int(m.MsgType.WELCOME), m.encode(m.Welcome(1, "x", 0, "y", b"")), req_id=15)  # server-to-client type
     t.send(int(m.MsgType.PING), m.encode(m.Ping(1)), [b"unexpected"], req_id=16)
     for req_id in (11, 12, 13, 14, 15, 16):
         msg = t.recv(timeout=10)

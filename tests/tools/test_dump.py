@@ -78,13 +78,14 @@ def ra_dump(*args, timeout=120):
 def test_tcp_stream_reassembled_and_split(tmp_path):
     s = TcpSession()
     s.handshake()
-    hello = message(messages.Hello(token="t", client="host 1", wire_version=1), req_id=1)
+    hello = message(messages.Hello(client="host 1", wire_version=2, nonce=b"n" * 32), req_id=1)
     echo = message(messages.Echo(seq=7), [bytes(range(256)) * 12], req_id=2)
     write = message(messages.WriteStorage(sid=3, offset=0, nbytes=100_000), [b"\x5a" * 100_000], req_id=3)
     sync = message(messages.Sync(), req_id=4)
     s.send(CLIENT, hello + echo[:10], sizes=(len(hello) + 10,))  # two messages share a segment
     s.send(CLIENT, echo[10:])
-    s.send(SERVER, message(messages.Welcome(session=1, device="cuda:0", memory_limit=0, server_version="0.1"), req_id=1)
+    s.send(SERVER, message(messages.Welcome(session=1, device="cuda:0", memory_limit=0, server_version="0.1",
+                                             proof=b"p" * 32), req_id=1)
            + message(messages.EchoReply(seq=7), [bytes(range(256)) * 12], req_id=2))
     frames = s.send(CLIENT, write + sync, sizes=(7, 1460, 65000, 3))  # a prologue cut in pieces
     # the network reorders two segments and retransmits one
@@ -103,7 +104,7 @@ def test_tcp_stream_reassembled_and_split(tmp_path):
     assert lines[2].split()[1:4] == ["10.0.0.2:18515", ">", "10.0.0.1:40000"]
     assert "req=2" in lines[1] and "payloads=1/3072B" in lines[1] and "Echo(seq=7)" in lines[1]
     assert "WriteStorage(sid=3, offset=0, nbytes=100000)" in lines[4] and "payloads=1/100000B" in lines[4]
-    assert "Hello(token='t', client='host 1', wire_version=1)" in lines[0]
+    assert "Hello(client='host 1', wire_version=2, nonce=b'nnnn" in lines[0]
     assert lines[0].split()[0] == "0.002000"  # after SYN and SYN-ACK, 1 ms apart
     bad = [line for line in lines if "BAD CHECKSUM" in line]
     assert len(bad) == 1 and " READ req=5 " in bad[0]

@@ -1,0 +1,126 @@
+"""The session handshake: mutual challenge-response under the shared token.
+
+    client                                         server
+    HELLO(client, wire_version, Nc)           ->
+                                              <-   CHALLENGE(Ns)
+    AUTH(HMAC(token, CLIENT_LABEL|Ns|Nc))     ->   compared in constant time
+                                              <-   WELCOME(..., HMAC(token, SERVER_LABEL|Nc|Ns))
+                                                   or ERROR(kind="auth")
+
+Each side draws a fresh 32-byte nonce per connection, so an answer recorded in one
+session is worth nothing in the next (replay); the two directions hash under different
+labels, so one side's proof never passes for the other's (reflection). The server
+proves itself last, only to a client that proved itself first, so that a stranger who
+connects learns no HMAC under the token to guess it from. The token never crosses the
+wire, on any transport.
+
+What this does not give is a private or tamper-proof link: someone who can change
+traffic may relay a handshake and then ride the session. TCP between hosts takes TLS
+for that (`tls`); DPDK links are meant for a trusted L2 fabric.
+
+The client half lives here once, for every client (the device's session, the test
+client, ra-testpmd); the server half is `server.auth.handshake`, on the same helpers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+
+from .._version import WIRE_VERSION
+from ..errors import AuthError, PeerGone, ProtocolError, RemoteOpError, TransportTimeout
+from . import messages as m
+from .transport import Transport
+from .wire import type_name
+
+NONCE_BYTES = 32
+CLIENT_LABEL = b"remote_accel/2 client proof\0"
+SERVER_LABEL = b"remote_accel/2 server proof\0"
+#: What a client is told when the server refuses its proof (also the server's log line).
+WRONG_TOKEN = ("wrong token: the client's answer to the challenge is not an HMAC under this "
+               "server's token (compare the client's token=... or REMOTE_ACCEL_TOKEN with the "
+               "server's --token-file)")
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def valid_nonce(nonce: bytes) -> bool:
+    return type(nonce) is bytes and len(nonce) == NONCE_BYTES
+
+
+def client_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """What the client answers to CHALLENGE (both nonces have a fixed length, so plain
+    concatenation is unambiguous)."""
+    return _hmac(token, CLIENT_LABEL + server_nonce + client_nonce)
+
+
+def server_proof(token: str, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    """What the server puts in WELCOME."""
+    return _hmac(token, SERVER_LABEL + client_nonce + server_nonce)
+
+
+def matches(expected: bytes, given: bytes) -> bool:
+    """Constant-time comparison: the time taken says nothing about how much was right."""
+    return type(given) is bytes and hmac.compare_digest(expected, given)
+
+
+def _hmac(token: str, data: bytes) -> bytes:
+    return hmac.new(token.encode("utf-8"), data, hashlib.sha256).digest()
+
+
+def client_handshake(transport: Transport, token: str, client: str, timeout: float) -> m.Welcome:
+    """Authenticate to the server at the other end of `transport`, and it to us.
+
+    Returns its WELCOME. Raises AuthError (no token, the server refused ours, or the
+    peer could not prove it holds the token), ProtocolError (the peer does not speak
+    this handshake), TransportTimeout (no answer within `timeout` seconds in all),
+    PeerGone (the connection ended). The transport is left open either way.
+    """
+    if not token:
+        raise AuthError("no token: pass remote_accel.init(token=...), set REMOTE_ACCEL_TOKEN, or run as the "
+                        "server's user on its host (the token file is found by itself)")
+    deadline = time.monotonic() + timeout
+    nonce = new_nonce()
+    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce)))
+    challenge = _expect(transport, m.Challenge, deadline, timeout)
+    if not valid_nonce(challenge.nonce) or challenge.nonce == nonce:
+        raise ProtocolError(f"{transport.peer} sent a bad challenge (a nonce of {len(challenge.nonce)} bytes, "
+                            "or our own)")
+    transport.send(m.Auth.TYPE, m.encode(m.Auth(client_proof(token, challenge.nonce, nonce))))
+    welcome = _expect(transport, m.Welcome, deadline, timeout)
+    if not matches(server_proof(token, nonce, challenge.nonce), welcome.proof):
+        raise AuthError(f"{transport.peer} accepted us but could not prove that it knows the token: it is not "
+                        "the server this token belongs to")
+    return welcome
+
+
+def _expect(transport: Transport, cls, deadline: float, timeout: float):
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise TransportTimeout("")
+        msg = transport.recv(timeout=left, sink=_no_payloads)
+    except TransportTimeout:
+        raise TransportTimeout(f"{transport.peer} did not complete the handshake within {timeout:g} s "
+                               "(is it a remote_accel server?)") from None
+    except PeerGone as exc:
+        raise PeerGone(f"{exc} (during the handshake: the server may take TLS connections only, or it "
+                       "refused the connection)") from exc
+    reply = m.decode(msg.type, msg.meta)
+    if isinstance(reply, m.ErrorReply):
+        error = {"auth": AuthError, "protocol": ProtocolError}.get(reply.kind, RemoteOpError)
+        raise error(f"the remote_accel server at {transport.peer} refused us ({reply.kind}): {reply.message}")
+    if not isinstance(reply, cls):
+        raise ProtocolError(f"{transport.peer} answered the handshake with {type_name(msg.type)}, "
+                            f"not {type_name(cls.TYPE)}")
+    return reply
+
+
+def _no_payloads(header, meta, lengths) -> list:
+    if lengths:  # no handshake message has any: this is not our peer
+        raise ProtocolError(f"a {type_name(header.type)} with payloads in the handshake")
+    return []

@@ -1,0 +1,285 @@
+"""TLS for the TCP transport, with Python's `ssl`.
+
+    server: TcpListener(host, port, tls=server_context(cert, key, client_ca=None))
+    client: TcpTransport.connect(host, port, tls=client_context(ca))
+
+A client given a CA accepts only a server whose certificate that CA signed for the
+name it dialled (host name or IP address). With `client_ca` the server asks every
+client for a certificate signed by that CA (mutual TLS).
+
+Bulk data crosses with the copies TLS cannot avoid: the sender encrypts straight from
+the caller's buffer (no gathering into one bytes object), the receiver decrypts
+straight into the buffer the payload sink chose.
+
+An SSL object must not be read and written by two threads at once, while a Transport
+lets one thread receive as others send. So the socket is non-blocking, every OpenSSL
+call runs under one short lock, and all waiting (select) happens outside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import ssl
+import threading
+import time
+from typing import Optional
+
+from ..errors import AuthError, ConfigError, PeerGone, ProtocolError, RemoteAccelError, TransportTimeout
+from . import messages as m
+from . import wire
+from .tcp import TcpListener, TcpTransport
+
+#: Pieces of a message smaller than this are joined before encryption: one TLS record
+#: (and one syscall) for a small message instead of one per piece.
+_COALESCE = 64 << 10
+#: What a plain-text client is told (in plain text) by a TLS server before it hangs up.
+PLAINTEXT_REFUSED = ("this server takes TLS connections only: give the client the server's CA "
+                     "(remote_accel.init(..., tls_ca=PATH) or REMOTE_ACCEL_TLS_CA=PATH)")
+
+
+def server_context(cert: str, key: str, client_ca: Optional[str] = None) -> ssl.SSLContext:
+    """A server's TLS settings; ConfigError naming the file when one cannot be used."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(ctx.load_cert_chain, f"certificate {cert} with key {key}", cert, key)
+    if client_ca:
+        _load(ctx.load_verify_locations, f"client CA {client_ca}", client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(ca: str, cert: Optional[str] = None, key: Optional[str] = None) -> ssl.SSLContext:
+    """A client's TLS settings: trust `ca` alone, check the server's name; present
+    `cert` (and `key`) to a server that asks for one."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(ctx.load_verify_locations, f"CA {ca}", ca)
+    if cert:
+        _load(ctx.load_cert_chain, f"client certificate {cert}", cert, key)
+    elif key:
+        raise ConfigError("a TLS client key needs its certificate too")
+    return ctx
+
+
+def _load(fn, what: str, *paths) -> None:
+    try:
+        fn(*paths)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"TLS {what}: no such file {exc.filename or ''}".rstrip()) from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"TLS {what} cannot be used: {getattr(exc, 'reason', None) or exc}") from None
+
+
+class TlsTransport(TcpTransport):
+    """A TcpTransport over TLS. Made from a connected plain socket; the TLS handshake runs
+    at `connect` on a client, and in the first recv (within its timeout) on a server,
+    so that an accept loop never waits for a slow or hostile peer."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
+                 server_hostname: Optional[str] = None, **kwargs):
+        super().__init__(sock, **kwargs)
+        self.peer = self.peer.replace("tcp:", "tls:", 1)
+        self._context = context
+        self._server_side = server_side
+        self._hostname = server_hostname
+        self._io = threading.Lock()  # every call into the SSL object
+        self._ready = False
+        self._ahead = memoryview(b"")  # bytes read while waiting for a message to start
+        sock.setblocking(False)
+
+    @classmethod
+    def connect(cls, host: str, port: int, timeout: float = 10.0, *, tls: ssl.SSLContext,
+                **kwargs) -> "TlsTransport":
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise PeerGone(f"cannot connect to tcp:{host}:{port}: {exc.strerror or exc}") from exc
+        t = cls(sock, tls, server_side=False, server_hostname=host, **kwargs)
+        try:
+            t._handshake(time.monotonic() + timeout)
+        except BaseException:
+            t.close()
+            raise
+        return t
+
+    # -- the TLS handshake -----------------------------------------------------------
+    def _handshake(self, deadline: float) -> None:
+        if self._ready:
+            return
+        with self._io:
+            if self._ready:
+                return
+            try:
+                if self._server_side:
+                    self._refuse_plaintext(deadline)
+                if not isinstance(self._sock, ssl.SSLSocket):
+                    self._sock = self._context.wrap_socket(self._sock, server_side=self._server_side,
+                                                           server_hostname=self._hostname,
+                                                           do_handshake_on_connect=False)
+                while True:
+                    try:
+                        self._sock.do_handshake()
+                        break
+                    except ssl.SSLWantReadError:
+                        self._wait(True, False, deadline, "the TLS handshake")
+                    except ssl.SSLWantWriteError:
+                        self._wait(False, True, deadline, "the TLS handshake")
+            except (socket.timeout, TimeoutError):
+                raise self._failed(PeerGone(f"the TLS handshake with {self.peer} did not finish in time"
+                                            f"{self._hint()}")) from None
+            except ssl.SSLCertVerificationError as exc:
+                if self._server_side:  # the client is gone, there is no one to raise AuthError to
+                    raise self._failed(PeerGone(f"TLS: {self.peer} has no client certificate valid under "
+                                                f"--tls-client-ca ({exc.verify_message})")) from None
+                raise self._failed(AuthError(
+                    f"TLS: {self.peer} has no certificate valid for {self._hostname!r} under the given CA "
+                    f"({exc.verify_message})")) from None
+            except ssl.SSLError as exc:
+                raise self._failed(PeerGone(f"TLS handshake with {self.peer} failed: {exc.reason or exc}"
+                                            f"{self._hint()}")) from None
+            except RemoteAccelError:
+                raise
+            except OSError as exc:
+                raise self._failed(PeerGone(f"{self.peer} closed the connection during the TLS handshake "
+                                            f"({exc.strerror or exc}){self._hint()}")) from None
+            self._ready = True
+
+    def _hint(self) -> str:
+        if self._server_side:
+            return " (a client without TLS, or one that does not trust our certificate)"
+        return (" (a server without TLS, or one that wants a client certificate: "
+                "REMOTE_ACCEL_TLS_CERT / REMOTE_ACCEL_TLS_KEY)")
+
+    def _refuse_plaintext(self, deadline: float) -> None:
+        """A plain-text client opens with our magic, not a TLS record: tell it, in its own
+        language, what it must do, instead of leaving it to guess from a closed socket."""
+        self._wait(True, False, deadline, "the TLS handshake")
+        try:
+            first = self._sock.recv(len(wire.MAGIC), socket.MSG_PEEK)
+        except OSError:
+            return  # the handshake below reports it
+        if first != wire.MAGIC:
+            return
+        reply = m.ErrorReply("auth", PLAINTEXT_REFUSED, "")
+        meta = m.encode(reply)
+        try:
+            self._sock.setblocking(True)
+            self._sock.settimeout(1.0)
+            self._sock.sendall(wire.encode_prologue(reply.TYPE, meta, []) + meta)
+        except OSError:
+            pass
+        raise self._failed(ProtocolError(f"{self.peer} spoke plain text to a TLS listener (told to use TLS)"))
+
+    def _failed(self, exc: Exception) -> Exception:
+        self._closed = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        return exc
+
+    # -- TcpTransport's byte moving, non-blocking under the lock -----------------------------
+    def _wait(self, read: bool, write: bool, deadline: Optional[float], what: str) -> None:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise socket.timeout(f"{what} took too long")
+        try:
+            r, w, _ = select.select([self._sock] if read else [], [self._sock] if write else [], [], left)
+        except (OSError, ValueError):
+            self._check_open()
+            raise
+        if not (r or w):
+            raise socket.timeout(f"{what} took too long")
+
+    def _sendall(self, pieces: list) -> None:
+        self._handshake(time.monotonic() + self._stall)
+        for piece in _coalesced(pieces):
+            while piece.nbytes:
+                with self._io:
+                    try:
+                        n = self._sock.send(piece)
+                    except ssl.SSLWantWriteError:
+                        n, read = 0, False
+                    except ssl.SSLWantReadError:
+                        n, read = 0, True
+                if n:
+                    piece = piece[n:]
+                else:
+                    self._wait(read, not read, time.monotonic() + self._stall, "a send")
+
+    def _wait_readable(self, timeout: Optional[float]) -> None:
+        """Wait for the first bytes of a message: raw readability is not enough (a TLS
+        record may hold no application data, e.g. a session ticket), so read them here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self._handshake(deadline if deadline is not None else time.monotonic() + self._stall)
+            while not self._ahead.nbytes:
+                n = self._read_some(memoryview(bytearray(wire.HEADER_SIZE)), deadline, "a message")
+                if n == 0:
+                    raise OSError(errno.ECONNRESET, "connection closed by peer")
+        except RemoteAccelError:
+            raise
+        except (socket.timeout, TimeoutError):
+            self._check_open()
+            raise TransportTimeout(f"no message from {self.peer} within {timeout} s") from None
+        except OSError as exc:
+            raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
+
+    def _read_some(self, view: memoryview, deadline: Optional[float], what: str, keep: bool = True) -> int:
+        while True:
+            with self._io:
+                try:
+                    n = self._sock.recv_into(view)
+                except ssl.SSLWantReadError:
+                    n, read = None, True
+                except ssl.SSLWantWriteError:
+                    n, read = None, False
+            if n is not None:
+                if keep and n:
+                    self._ahead = view[:n]
+                return n
+            self._wait(read, not read, deadline, what)
+
+    def _recv_exact(self, view: memoryview, first: bool = False) -> None:
+        got, total = 0, view.nbytes
+        if self._ahead.nbytes:
+            got = min(total, self._ahead.nbytes)
+            view[:got] = self._ahead[:got]
+            self._ahead = self._ahead[got:]
+        while got < total:
+            n = self._read_some(view[got:], time.monotonic() + self._stall, "a message", keep=False)
+            if n == 0:
+                raise OSError(errno.ECONNRESET, "connection closed by peer mid-message")
+            got += n
+
+
+def _coalesced(pieces: list) -> list:
+    """Small neighbours joined (one copy of small bytes), large pieces as they are."""
+    out, small = [], bytearray()
+    for piece in pieces:
+        if small and (piece.nbytes >= _COALESCE or len(small) + piece.nbytes > _COALESCE):
+            out.append(memoryview(small))
+            small = bytearray()
+        if piece.nbytes >= _COALESCE:
+            out.append(piece)
+        else:
+            small += piece
+    if small:
+        out.append(memoryview(small))
+    return out
+
+
+class TlsListener(TcpListener):
+    """A TcpListener whose clients must speak TLS (the handshake runs in their session
+    thread, at its first recv)."""
+
+    tls = True
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext, **kwargs):
+        super().__init__(host, port, **kwargs)
+        self._tls = tls
+
+    def _transport(self, sock: socket.socket) -> TlsTransport:
+        return TlsTransport(sock, self._tls, server_side=True, **self._kwargs)
