@@ -1,0 +1,155 @@
+"""TLS over TCP, end to end: a real server process with certificates made by the openssl
+CLI, the real client device, the test client for the refusals."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remote_accel
+from remote_accel.dataplane.tls import client_context
+from remote_accel.errors import AuthError, ConfigError, PeerGone, RemoteAccelError
+from remote_accel.pytorch_ext import runtime
+from remote_accel.server.testing import Client, ServerProcess
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
+                                reason="needs the openssl CLI (apt-get install -y openssl; quickstart.sh does)")
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=120)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", f"{name}.key",
+            "-out", f"{name}.crt", "-subj", f"/CN=test {name}", cwd=d)
+    return d / f"{name}.crt"
+
+
+def make_leaf(d, name, ca, san):
+    """A certificate for `san`, signed by CA `ca` (the way an admin's small CA would)."""
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}", cwd=d)
+    (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=d)
+    return d / f"{name}.crt", d / f"{name}.key"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca, other_ca = make_ca(d, "ca"), make_ca(d, "other")
+    cert, key = make_leaf(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+    wrong_name, wrong_name_key = make_leaf(d, "elsewhere", "ca", "DNS:gpu.example.org")
+    client_cert, client_key = make_leaf(d, "client", "ca", "DNS:client")
+    return dict(ca=str(ca), other_ca=str(other_ca), cert=str(cert), key=str(key), wrong_name=str(wrong_name),
+                wrong_name_key=str(wrong_name_key), client_cert=str(client_cert), client_key=str(client_key))
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki):
+    with ServerProcess("--tls-cert", pki["cert"], "--tls-key", pki["key"]) as server:
+        yield server
+        assert "Traceback" not in server.log(), server.log()
+
+
+def _train(device, steps=6):
+    """Fit one fixed batch: the loss must go down step after step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_model_trains_over_tls(tls_server, pki):
+    host, port = tls_server.tcp
+    remote_accel.init(transport="tcp", server=f"{host}:{port}", token=tls_server.token, tls_ca=pki["ca"])
+    try:
+        assert runtime.session(0).transport.peer.startswith("tls:")
+        big = torch.randn(1 << 20)  # 4 MiB up and down: bulk data through TLS records
+        assert torch.equal(big.to("remote_accel").cpu(), big)
+        remote = _train("remote_accel")
+    finally:
+        remote_accel.shutdown()
+    local = _train("cpu")
+    assert remote == pytest.approx(local, rel=1e-4, abs=1e-5)
+    assert remote[-1] < remote[0]
+
+
+def test_the_ca_comes_from_the_environment_too(pki, monkeypatch):
+    monkeypatch.setenv("REMOTE_ACCEL_TLS_CA", pki["ca"])
+    assert runtime._tls_context(None, None, None) is not None
+    monkeypatch.delenv("REMOTE_ACCEL_TLS_CA")
+    assert runtime._tls_context(None, None, None) is None
+    with pytest.raises(ConfigError, match="no such file"):
+        runtime._tls_context("/nonexistent/ca.pem", None, None)
+
+
+def test_a_client_with_another_ca_refuses_the_server(tls_server, pki):
+    with pytest.raises(AuthError, match="certificate verify failed|no certificate valid"):
+        Client.tcp(*tls_server.tcp, token=tls_server.token, tls=client_context(pki["other_ca"]))
+
+
+def test_a_certificate_for_another_name_is_refused(pki):
+    with ServerProcess("--tls-cert", pki["wrong_name"], "--tls-key", pki["wrong_name_key"]) as server:
+        with pytest.raises(AuthError, match="127.0.0.1"):
+            Client.tcp(*server.tcp, token=server.token, tls=client_context(pki["ca"]))
+
+
+def test_a_plaintext_client_is_told_to_use_tls(tls_server):
+    with pytest.raises(AuthError, match="TLS connections only.*tls_ca"):
+        Client.tcp(*tls_server.tcp, token=tls_server.token, timeout=30)
+
+
+def test_a_tls_client_of_a_plaintext_server_gets_a_clear_error(pki):
+    with ServerProcess() as server:
+        with pytest.raises(PeerGone, match="TLS"):
+            Client.tcp(*server.tcp, token=server.token, tls=client_context(pki["ca"]))
+
+
+def test_mutual_tls(pki):
+    with ServerProcess("--tls-cert", pki["cert"], "--tls-key", pki["key"], "--tls-client-ca", pki["ca"]) as server:
+        # without a certificate: TLS 1.3 lets the client finish its handshake first, so
+        # the refusal comes as the answer to HELLO
+        with pytest.raises(RemoteAccelError, match="certificate"):
+            Client.tcp(*server.tcp, token=server.token, tls=client_context(pki["ca"]), timeout=30)
+        ctx = client_context(pki["ca"], pki["client_cert"], pki["client_key"])
+        with Client.tcp(*server.tcp, token=server.token, tls=ctx) as c:
+            x = c.upload(torch.arange(6.0))
+            assert torch.equal(c.download(x), torch.arange(6.0))
+        assert server.alive()
+        assert "Traceback" not in server.log(), server.log()
+
+
+def test_the_readme_recipe_self_signed_pair(tmp_path):
+    """The one-command self-signed pair of the README: the certificate is its own CA."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "server.key",
+            "-out", "server.crt", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            cwd=tmp_path)
+    with ServerProcess("--tls-cert", str(tmp_path / "server.crt"), "--tls-key", str(tmp_path / "server.key")) as s:
+        with Client.tcp(*s.tcp, token=s.token, tls=client_context(str(tmp_path / "server.crt"))) as c:
+            assert c.ping(5) == 5
+
+
+def test_bad_tls_options_stop_the_server_with_a_reason(pki, tmp_path):
+    for options, text in (((("--tls-cert", pki["cert"]),), "go together"),
+                          ((("--tls-client-ca", pki["ca"]),), "needs --tls-cert"),
+                          ((("--tls-cert", pki["cert"], "--tls-key", pki["client_key"]),), "cannot be used"),
+                          ((("--tls-cert", str(tmp_path / "none.crt"), "--tls-key", pki["key"]),), "no such file")):
+        server = ServerProcess(*options[0])
+        with pytest.raises(RuntimeError, match=text):
+            server.start()
+        server.stop()
