@@ -1,8 +1,9 @@
 """Data plane benchmark: bulk GB/s and small-message round trips, side by side, for
 memcpy of the same buffer (the limit), DPDK memif between two processes, and TCP
-loopback between two processes.
+loopback between two processes, plain and over TLS (what encryption costs).
 
     python benchmarks/bench_dataplane.py                  # defaults: 64 MiB x 32, 20000 round trips
+    python benchmarks/bench_dataplane.py --only tcp,tls   # TCP with and without TLS
     python benchmarks/bench_dataplane.py --busy-poll      # both ends spin (lowest latency, 2 cores busy)
     python benchmarks/bench_dataplane.py --json
 
@@ -25,11 +26,12 @@ import time
 import numpy as np
 
 MIB = 1 << 20
+KINDS = ("dpdk", "tcp", "tls")
 ECHO, ECHO_REPLY, SINK = 64, 65, 66
 
 
 # -- the far end ---------------------------------------------------------------------
-def peer_main(kind: str, busy: bool, size: int, fresh: bool) -> int:
+def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "") -> int:
     """Serve one client: SINK into a reused buffer (a fresh one each time with --fresh),
     ECHO answered with the same payloads."""
     buf = np.empty(size, np.uint8)
@@ -43,6 +45,10 @@ def peer_main(kind: str, busy: bool, size: int, fresh: bool) -> int:
         from remote_accel.dataplane.tcp import TcpListener
 
         listener = TcpListener("127.0.0.1", 0)
+    elif kind == "tls":
+        from remote_accel.dataplane.tls import TlsListener, server_context
+
+        listener = TlsListener("127.0.0.1", 0, tls=server_context(cert, cert + ".key"))
     else:
         from remote_accel.dataplane import dpdk
 
@@ -64,9 +70,9 @@ def peer_main(kind: str, busy: bool, size: int, fresh: bool) -> int:
 
 
 def start_peer(kind: str, busy: bool, size: int, runtime: str,
-               fresh: bool = False) -> tuple[subprocess.Popen, str]:
+               fresh: bool = False, cert: str = "") -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
-    cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size), "--cert", cert]
     if busy:
         cmd.append("--busy-poll")
     if fresh:
@@ -139,13 +145,24 @@ def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
     return result, stats
 
 
-def run_tcp(args, runtime: str) -> dict:
+def run_tcp(args, runtime: str, tls: bool = False) -> dict:
+    """TCP loopback; with `tls`, TLS over it with a self-signed certificate (openssl CLI)."""
     from remote_accel.dataplane.tcp import TcpTransport
+    from remote_accel.dataplane.tls import TlsTransport, client_context
 
-    proc, address = start_peer("tcp", False, args.size, runtime, args.fresh)
+    cert = ""
+    if tls:
+        cert = os.path.join(runtime, "bench.crt")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
+                        cert + ".key", "-out", cert, "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    proc, address = start_peer("tls" if tls else "tcp", False, args.size, runtime, args.fresh, cert)
     try:
         _, host, port = address.split(":")
-        t = TcpTransport.connect(host, int(port))
+        if tls:
+            t = TlsTransport.connect(host, int(port), tls=client_context(cert))
+        else:
+            t = TcpTransport.connect(host, int(port))
         result = bench_transport(t, args.size, args.count, args.rtts, args.small)
         t.send(0, b"", [])
         t.close()
@@ -155,7 +172,7 @@ def run_tcp(args, runtime: str) -> dict:
 
 
 def table(rows: dict, small: int) -> str:
-    memcpy, tcp = rows["memcpy"]["bulk_gbps"], rows["tcp loopback"]["bulk_gbps"]
+    memcpy, tcp = rows["memcpy"]["bulk_gbps"], rows.get("tcp loopback", rows["memcpy"])["bulk_gbps"]
     out = [f"{'':16} {'bulk GB/s':>10} {'x TCP':>7} {'% memcpy':>9} {'RTT p50 us':>11} {'RTT p99 us':>11}"]
     for name, r in rows.items():
         p50 = f"{r['rtt_p50_us']:.1f}" if r["rtt_p50_us"] is not None else "-"
@@ -164,6 +181,13 @@ def table(rows: dict, small: int) -> str:
                    f"{100 * r['bulk_gbps'] / memcpy:8.0f}% {p50:>11} {p99:>11}")
     out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply)")
     return "\n".join(out)
+
+
+def _kinds(text: str) -> tuple:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected some of {','.join(KINDS)}")
+    return kinds
 
 
 def main(argv=None) -> int:
@@ -176,22 +200,31 @@ def main(argv=None) -> int:
     p.add_argument("--no-zero-copy", action="store_true", help="DPDK sends copy payloads into mbufs")
     p.add_argument("--fresh", action="store_true",
                    help="the receiver takes each bulk message into a new buffer (page faults count)")
+    p.add_argument("--only", type=_kinds, default=KINDS, metavar="dpdk,tcp,tls",
+                   help="which transports to measure (default: all three; memcpy always)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
+    p.add_argument("--peer", choices=("tcp", "tls", "dpdk"), help=argparse.SUPPRESS)
+    p.add_argument("--cert", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return peer_main(args.peer, args.busy_poll, args.size, args.fresh)
+        return peer_main(args.peer, args.busy_poll, args.size, args.fresh, args.cert)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
+    dpdk_stats = None
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
-        rows["dpdk memif"], dpdk_stats = run_dpdk(args, runtime)
-        rows["tcp loopback"] = run_tcp(args, runtime)
+        if "dpdk" in args.only:
+            rows["dpdk memif"], dpdk_stats = run_dpdk(args, runtime)
+        if "tcp" in args.only:
+            rows["tcp loopback"] = run_tcp(args, runtime)
+        if "tls" in args.only:
+            rows["tls loopback"] = run_tcp(args, runtime, tls=True)
     if args.json:
         print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "args": vars(args)}, indent=2))
     else:
         print(table(rows, args.small))
-        print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
-              f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "
-              f"receiver buffers: {'fresh' if args.fresh else 'reused'}")
+        if dpdk_stats:
+            print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
+                  f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "
+                  f"receiver buffers: {'fresh' if args.fresh else 'reused'}")
     return 0
 
 

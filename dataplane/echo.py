@@ -66,6 +66,10 @@ def _make_listener(args) -> Listener:
         from .tcp import TcpListener
 
         host, port = parse_host_port(args.listen)
+        if args.tls_cert:
+            from .tls import TlsListener, server_context
+
+            return TlsListener(host, port, tls=server_context(args.tls_cert, args.tls_key))
         return TcpListener(host, port)
     from .connect import listen  # the DPDK listener needs its EAL arguments
 
@@ -82,6 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=None,
                         help="DPDK port id (default: every memif server interface, else every port); "
                              "EAL options go before '--', e.g. --vdev=net_af_packet0,iface=veth1 --")
+    parser.add_argument("--tls-cert", default=None, metavar="PATH", help="TCP over TLS with this certificate")
+    parser.add_argument("--tls-key", default=None, metavar="PATH", help="the key of --tls-cert")
     args = parser.parse_args(argv)
     args.eal_args = eal_args or None
     logging.basicConfig(level=logging.INFO, format="echo: %(message)s", stream=sys.stderr)

@@ -7,11 +7,14 @@ cross processes. A new transport is correct when it passes tests/conformance.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -85,6 +88,45 @@ def _tcp_peer() -> Peer:
     return peer
 
 
+_certs: dict = {}
+
+
+def _self_signed() -> tuple[str, str]:
+    """One certificate for 127.0.0.1 per test session, made by the openssl CLI."""
+    if not _certs:
+        d = tempfile.mkdtemp(prefix="ra-conformance-tls-")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
+                        f"{d}/key.pem", "-out", f"{d}/cert.pem", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=120)
+        _certs.update(cert=f"{d}/cert.pem", key=f"{d}/key.pem", dir=d)
+        atexit.register(shutil.rmtree, d, True)
+    return _certs["cert"], _certs["key"]
+
+
+def _tls_peer() -> Peer:
+    from remote_accel.dataplane.tls import TlsTransport, client_context
+
+    cert, key = _self_signed()
+    proc, address = start_echo_process(["--transport", "tcp", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                                        "--tls-key", key])
+    _, host, port = address.split(":")
+    ctx = client_context(cert)
+
+    def connect():
+        return TlsTransport.connect(host, int(port), timeout=10, tls=ctx)
+
+    def inject_garbage(data: bytes) -> None:
+        with ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=10), server_hostname=host) as raw:
+            raw.sendall(data)  # inside TLS: garbage as messages, not as TLS records
+            # the peer must close this connection (ProtocolError), not hang or crash
+            assert raw.recv(1) == b""
+
+    peer = Peer("tls", connect(), kill=lambda: proc.send_signal(signal.SIGKILL),
+                inject_garbage=inject_garbage, reconnect=connect)
+    peer.cleanups.append(lambda: stop_process(proc))
+    return peer
+
+
 def _socketpair_peer() -> Peer:
     ours, theirs = TcpTransport.pair()
     stop = threading.Event()
@@ -96,7 +138,7 @@ def _socketpair_peer() -> Peer:
 
 
 #: name -> factory; the DPDK transports add themselves in tests/conformance/dpdk_peers.py
-PEER_FACTORIES: dict[str, Callable[[], Peer]] = {"tcp": _tcp_peer, "socketpair": _socketpair_peer}
+PEER_FACTORIES: dict[str, Callable[[], Peer]] = {"tcp": _tcp_peer, "tls": _tls_peer, "socketpair": _socketpair_peer}
 PEER_MARKS: dict[str, list] = {}
 
 sys.path.insert(0, os.path.dirname(__file__))
