@@ -20,6 +20,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v g++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tcpdump >/dev/null || need+=(tcpdump)  # the dissector tests capture real traffic
+command -v openssl >/dev/null || need+=(openssl)  # TLS tests and the benchmark make certificates with it
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv python3-dev)
 if ((${#need[@]})); then
   log "installing ${need[*]}"
