@@ -46,7 +46,9 @@ class DpdkError(RemoteAccelError, OSError):
 
 
 class AuthError(RemoteAccelError, PermissionError):
-    """The server refused the client's token."""
+    """Authentication failed: the server refused the client's token (or, with mutual TLS,
+    its certificate), or the client refused a server that could not prove it holds the
+    token or has no valid certificate for its name."""
 
 
 class RemoteOpError(RemoteAccelError):

@@ -36,7 +36,7 @@ def test_limits_checked_before_allocation():
         wire.encode_prologue(MsgType.RUN, b"", [1, 1, 1], limits=limits)
     with pytest.raises(MessageTooLarge):
         wire.encode_prologue(MsgType.RUN, b"", [101], limits=limits)
-    huge = wire.HEADER.pack(b"RA", 1, MsgType.RUN, 0, 1, 0, 0, 1 << 50, 0)
+    huge = wire.HEADER.pack(b"RA", wire.WIRE_VERSION, MsgType.RUN, 0, 1, 0, 0, 1 << 50, 0)
     with pytest.raises(MessageTooLarge):
         wire.decode_header(huge, limits)
 
