@@ -152,6 +152,14 @@ class TlsTransport(TcpTransport):
         return (" (a server without TLS, or one that wants a client certificate: "
                 "REMOTE_ACCEL_TLS_CERT / REMOTE_ACCEL_TLS_KEY)")
 
+    def _broken(self, text: str) -> Exception:
+        # TLS 1.3 lets a client finish its handshake before the server has checked the
+        # client's certificate: a refusal then shows up as a reset on the first exchange
+        if not self._server_side and not self._counters["rx_messages"]:
+            text += (" (if the server wants a client certificate, this is its refusal: give one with "
+                     "tls_cert=/tls_key= or REMOTE_ACCEL_TLS_CERT/REMOTE_ACCEL_TLS_KEY)")
+        return super()._broken(text)
+
     def _refuse_plaintext(self, deadline: float) -> None:
         """A plain-text client opens with our magic, not a TLS record: tell it, in its own
         language, what it must do, instead of leaving it to guess from a closed socket."""
