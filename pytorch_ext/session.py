@@ -59,7 +59,7 @@ class Session:
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         try:
             reply = handshake.client_handshake(transport, token, client, timeout)
-        except (RemoteAccelError, ProtocolError) as exc:
+        except RemoteAccelError as exc:
             transport.close()
             if isinstance(exc, (TransportError, TransportTimeout)):
                 raise RemoteAccelError(f"cannot start a session with {transport.peer}: {exc}") from exc
