@@ -25,12 +25,12 @@ import torch
 from .._version import WIRE_VERSION
 from .._version import __version__ as SERVER_VERSION
 from ..dataplane import messages as m
-from ..dataplane import torch_values
+from ..dataplane import codec, torch_values
 from ..dataplane.codec import Ext
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import failure
+from . import failure, native
 from .executor import Executor
 from .failure import Failure
 from .rng import Generators
@@ -59,6 +59,12 @@ class WriteTarget(NamedTuple):
     view: Optional[torch.Tensor] = None
     staging: Optional[torch.Tensor] = None
     error: Optional[BaseException] = None
+
+
+class NativeBatch(NamedTuple):
+    """A Batch the C++ executor has checked whole and runs (Executor.native.scan)."""
+
+    meta: bytes
 
 
 class Desync(Exception):
@@ -208,6 +214,8 @@ class Session:
             return self._discard(lengths)
 
     def _place(self, header, meta: bytes, lengths: list) -> list:
+        if header.type == MsgType.BATCH and not lengths and self._scan(meta):
+            return []
         try:
             msg = m.decode(header.type, meta)
         except ProtocolError as exc:
@@ -266,6 +274,9 @@ class Session:
     # -- dispatch ----------------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> bool:
         stash, self._stash = self._stash, None
+        if stash is None and msg.type == MsgType.BATCH and not msg.payloads and self._scan(msg.meta):
+            stash = self._stash
+            self._stash = None
         if stash is None:  # a transport that skips the sink for payload-free messages
             try:
                 stash = (msg.type, m.decode(msg.type, msg.meta), None)
@@ -303,7 +314,39 @@ class Session:
         return True
 
     # -- one-way requests ----------------------------------------------------------------------------
+    def _scan(self, meta) -> bool:
+        """Whether the C++ executor takes this Batch (no WRITE payloads to place, well
+        formed); if so the stash says so. Anything else is decoded in Python, which says
+        what is wrong with it."""
+        if self.executor is None:
+            return False
+        meta = bytes(meta)
+        if not self.executor.native.scan(meta):
+            return False
+        self._stash = (MsgType.BATCH, NativeBatch(meta), None)
+        return True
+
+    def _run_native(self, batch: NativeBatch) -> None:
+        """Run a scanned Batch: C++ runs what it can with the GIL released and stops at
+        each item Python must run (RunOp, plans without a template) or that failed."""
+        first = 0
+        while True:
+            index, stop, begin, _, error = self.executor.native.resume(first)
+            if stop == native.END:
+                return
+            first = index + 1
+            try:
+                if stop == native.ERROR:
+                    raise native.to_exception(*error)
+                value, _ = codec.decode_at(batch.meta, begin)
+                self._execute(m.batch_items(m.Batch((value,)))[0], iter(()))
+            except Exception as exc:
+                self._fail(exc)
+
     def _one_way(self, request, msg: Message, plan) -> None:
+        if type(request) is NativeBatch:
+            self._run_native(request)
+            return
         try:
             if type(request) is m.Batch:  # the sink did not see it (no payloads)
                 items = m.batch_items(request)
@@ -399,6 +442,7 @@ class Session:
             "memory_limit": self.table.limit,
             "storages": len(self.table),
             "ops_done": self.ops_done,
+            "native_ops_done": self.executor.native.ops_done() if self.executor else 0,
             "pending_error": self.pending is not None,
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,
