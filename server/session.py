@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
@@ -85,6 +86,7 @@ class Session:
         self.pending: Optional[m.ErrorReply] = None
         self.sink_messages = 0
         self.sink_bytes = 0
+        self.busy_ns = 0  # time spent running one-way requests (ops), for benchmarks
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -344,6 +346,13 @@ class Session:
                 self._fail(exc)
 
     def _one_way(self, request, msg: Message, plan) -> None:
+        start = time.perf_counter_ns()
+        try:
+            self._run_one_way(request, msg, plan)
+        finally:
+            self.busy_ns += time.perf_counter_ns() - start
+
+    def _run_one_way(self, request, msg: Message, plan) -> None:
         if type(request) is NativeBatch:
             self._run_native(request)
             return
@@ -443,6 +452,7 @@ class Session:
             "storages": len(self.table),
             "ops_done": self.ops_done,
             "native_ops_done": self.executor.native.ops_done() if self.executor else 0,
+            "busy_ns": self.busy_ns,
             "pending_error": self.pending is not None,
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,
