@@ -17,23 +17,22 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-import traceback
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from .._version import WIRE_VERSION
 from .._version import __version__ as SERVER_VERSION
+from ..dataplane import codec
 from ..dataplane import messages as m
-from ..dataplane import codec, torch_values
-from ..dataplane.codec import Ext
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from . import failure, native
 from .executor import Executor
 from .failure import Failure
+from .placement import Desync, WriteTarget, batch_writes, refuse_payloads
 from .rng import Generators
 from .storage import StorageTable, host_bytes
 
@@ -51,26 +50,10 @@ _MAX_MESSAGE_TEXT = 64 << 10
 _MAX_TRACE_TEXT = 256 << 10
 
 
-class WriteTarget(NamedTuple):
-    """Where one WRITE payload is received: `buffer`. With `staging` set, the bytes are
-    copied into `view` (or, when None, the range the WRITE names once it runs) later;
-    with `error` set, they are thrown away and the error reported."""
-
-    buffer: Any
-    view: Optional[torch.Tensor] = None
-    staging: Optional[torch.Tensor] = None
-    error: Optional[BaseException] = None
-
-
 class NativeBatch(NamedTuple):
     """A Batch the C++ executor has checked whole and runs (Executor.native.scan)."""
 
     meta: bytes
-
-
-class Desync(Exception):
-    """Raised from the payload sink when a message's payloads cannot be received: the
-    byte stream would be out of step afterwards, so the session must end."""
 
 
 class Session:
@@ -120,7 +103,7 @@ class Session:
 
     def _handshake(self) -> bool:
         try:
-            msg = self.transport.recv(timeout=HELLO_TIMEOUT_S, sink=_refuse_payloads)
+            msg = self.transport.recv(timeout=HELLO_TIMEOUT_S, sink=refuse_payloads)
         except TransportTimeout:
             log.info("%s sent no HELLO within %.0f s; closing", self.transport.peer, HELLO_TIMEOUT_S)
             return False
@@ -235,7 +218,7 @@ class Session:
                 request, writes, direct = msg, [msg], [True]
             elif header.type == MsgType.BATCH:
                 request = m.batch_items(msg)
-                writes, direct = _batch_writes(request)
+                writes, direct = batch_writes(request)
             elif lengths:
                 raise ProtocolError(f"{type_name(header.type)} carries no payloads")
             else:
@@ -286,7 +269,7 @@ class Session:
                 stash = (msg.type, exc, None)
         _, request, plan = stash
         if isinstance(request, Exception):
-            self._send(m.ErrorReply(failure.PROTOCOL, _clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
+            self._send(m.ErrorReply(failure.PROTOCOL, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
             return True
         handler = self._handlers.get(msg.type)
         if handler is None:
@@ -302,9 +285,9 @@ class Session:
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
 
     def _error_reply(self, exc: BaseException) -> m.ErrorReply:
-        reply = _error_reply(exc)
+        reply = failure.error_reply(exc, _MAX_MESSAGE_TEXT, _MAX_TRACE_TEXT)
         if self.device.lost(exc):
-            reply = m.ErrorReply(failure.DEVICE_LOST, _clip(self.server.device_lost(exc), _MAX_MESSAGE_TEXT),
+            reply = m.ErrorReply(failure.DEVICE_LOST, failure.clip(self.server.device_lost(exc), _MAX_MESSAGE_TEXT),
                                  reply.trace)
         return reply
 
@@ -507,59 +490,3 @@ class Session:
             self._send(reply)
         except TransportError:
             pass
-
-
-def _refuse_payloads(header, meta, lengths) -> list:
-    if lengths:
-        raise Desync("payloads before HELLO")
-    return []
-
-
-def _batch_writes(items: list) -> tuple[list, list]:
-    """The batch's WRITE items, and for each whether it may land in its storage at once:
-    only when no earlier item of the batch names that storage (an op reading the old
-    bytes, or an ALLOC/FREE changing what the id means)."""
-    writes, direct, named = [], [], set()
-    for item in items:
-        if type(item) is m.WriteStorage:
-            writes.append(item)
-            direct.append(item.sid not in named)
-            named.add(item.sid)
-        elif type(item) is m.RunOp:
-            _collect_sids((item.args, item.kwargs, item.outs), named)
-        elif type(item) is m.RunPlanned:  # its ints are storage ids, its bytes CPU scalars
-            named.update(v for v in item.values if type(v) is int)
-        elif type(item) is m.AllocStorage:
-            named.add(item.sid)
-        elif type(item) is m.FreeStorage:
-            named.update(sid for sid in item.sids if type(sid) is int)
-    return writes, direct
-
-
-def _collect_sids(value: Any, into: set) -> None:
-    if type(value) is Ext:
-        if value.code == torch_values.TENSOR and type(value.value) is tuple and value.value:
-            if type(value.value[0]) is int:
-                into.add(value.value[0])
-        else:
-            _collect_sids(value.value, into)
-    elif type(value) in (tuple, list):
-        for v in value:
-            _collect_sids(v, into)
-    elif type(value) is dict:
-        for v in value.values():
-            _collect_sids(v, into)
-
-
-def _error_reply(exc: BaseException) -> m.ErrorReply:
-    kind = failure.classify(exc)
-    text = f"{type(exc).__name__}: {exc}" if kind == failure.OP else str(exc)
-    notes = getattr(exc, "__notes__", None)
-    if notes:
-        text += " (" + "; ".join(notes) + ")"
-    trace = "" if isinstance(exc, (Failure, ProtocolError)) else "".join(traceback.format_exception(exc))
-    return m.ErrorReply(kind, _clip(text, _MAX_MESSAGE_TEXT), _clip(trace, _MAX_TRACE_TEXT))
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 20] + " ...[truncated]"

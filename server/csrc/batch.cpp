@@ -2,7 +2,7 @@
 // would), then run item by item, handing Python only the items it must run itself.
 #include "native.h"
 
-#include "wire.h"
+#include "codec.h"
 
 namespace remote_accel::server {
 namespace {

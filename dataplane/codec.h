@@ -1,15 +1,26 @@
 // The wire facts C++ needs, in one place: codec tags (dataplane/codec.py), torch value
-// codes (dataplane/torch_values.py), message types (dataplane/wire.py), and a reader that
-// checks every length and type it meets. tests/unit/test_wire_header.py checks the
-// numbers below against the Python modules, so the two cannot drift apart.
+// codes (dataplane/torch_values.py), message types (dataplane/wire.py), the writer the
+// client's queue (pytorch_ext/csrc/op_queue.cpp) encodes batch items with, and the reader
+// the server's executor (server/csrc/batch.cpp) decodes them with, which checks every
+// length and type it meets. tests/unit/test_codec_header.py checks the numbers below
+// against the Python modules, so the C++ and Python codecs cannot drift apart.
+//
+// A RunPlanned item is (RUN_PLANNED, (plan id, values)); its values fill the holes of the
+// RunOp that defined the plan in that RunOp's wire order (args, then kwargs as encoded,
+// then outs): a storage id per tensor reference, the bytes per inline CPU tensor. The
+// client encodes keyword arguments sorted by name, and its C++ queue gathers the tensors
+// of a call in that same order (op_queue.cpp, OpInfo::encoding_order).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
 
 namespace remote_accel::wire {
+
+static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
 // codec tags
 constexpr uint8_t kNone = 0x00, kFalse = 0x01, kTrue = 0x02, kInt = 0x03, kFloat = 0x04, kStr = 0x05,
@@ -24,6 +35,32 @@ constexpr uint8_t kExtTensor = 1, kExtCpuTensor = 7;
 
 // message types allowed inside a Batch
 constexpr int64_t kAlloc = 16, kFree = 17, kWrite = 18, kRun = 32, kRunPlanned = 38;
+
+// -- writing ---------------------------------------------------------------------------
+
+inline void put_int(std::string& out, int64_t v) {
+  if (v >= -kSmallBias && v < kSmallBias) {  // the common case: dims, flags, small ids
+    out.push_back(static_cast<char>(kSmallInt));
+    out.push_back(static_cast<char>(v + kSmallBias));
+  } else {
+    out.push_back(static_cast<char>(kInt));
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+}
+
+inline void put_container_header(std::string& out, uint8_t tag, uint32_t n) {
+  out.push_back(static_cast<char>(tag));
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);
+}
+
+inline void put_tuple_header(std::string& out, uint32_t n) { put_container_header(out, kTuple, n); }
+
+inline void put_bytes(std::string& out, const void* data, uint32_t n) {
+  put_container_header(out, kBytes, n);
+  out.append(static_cast<const char*>(data), n);
+}
+
+// -- reading ---------------------------------------------------------------------------
 
 // Malformed input; the message is safe to show the peer.
 struct Malformed {
