@@ -36,6 +36,7 @@ MAX_PLANS = 1 << 16
 #: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
+_COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
 
@@ -208,6 +209,8 @@ class Executor:
             raise _NotNative
         resolved = ops.resolve(msg.op)
         fn = resolved.fn
+        if msg.op in _COPY_FROM:
+            fn = torch.ops.aten._copy_from.default
         if (not isinstance(fn, torch._ops.OpOverload) or resolved.generator_index is not None
                 or resolved.seeded):
             raise _NotNative
@@ -226,6 +229,11 @@ class Executor:
                 raise _NotNative
             ref = parse_ref(out.value)
             holes.append(("o", i, ref.dtype, ref.shape, ref.stride, ref.offset, ref.flags, ref.span))
+        if msg.op in _COPY_FROM:  # the client's name for dst.copy_(src) between its tensors
+            if len(args) not in (2, 3) or kwargs:
+                raise _NotNative
+            fn = torch.ops.aten.copy_.default
+            args = (args[1], args[0]) + args[2:]  # holes keep their wire order: C++ finds placeholders
         schema = fn._schema
         self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders, holes,
                            len(msg.outs))

@@ -232,3 +232,15 @@ def test_a_client_killed_mid_batch(server, client):
     out = client.empty((3,))
     client.batch(m.RunPlanned(1, values(a, a, out)))
     assert torch.equal(client.download(out), torch.full((3,), 2.0))
+
+
+def test_copy_from_between_tensors_of_the_session(client):
+    # the client's name for dst.copy_(src) (PyTorch's copy_ between two remote tensors)
+    b, c = torch.randn(4), torch.randn(4)
+    rb, rc = client.upload(b), client.upload(c)
+    dst = client.upload(torch.zeros(3, 4))
+    define(client, 1, "aten::_copy_from", rb, dst, outs=(None,))  # broadcast into dst
+    client.batch(m.RunPlanned(1, values(rc, dst)))
+    client.sync()
+    torch.testing.assert_close(client.download(dst), c.expand(3, 4))
+    assert native_ops(client) == 1
