@@ -1,18 +1,26 @@
-"""Client-side cost of the remote_accel device, measured side by side in one run.
+"""Cost of the remote_accel device against local CPU, measured side by side in one run.
 
-    python benchmarks/bench_device.py [--transport tcp|dpdk] [--steps N]
+    python benchmarks/bench_device.py [--transport tcp|dpdk|both] [--steps N]
 
-Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) and reports: client cost per
-queued op (enqueue only), ops per second end to end, round trips per training step, and
-remote vs local step time for a small MLP, eager and compiled.
+Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) per transport (each in a
+process of its own with `both`, the default) and reports: the tiny-op chain (40,000
+in-place ops `x.mul_(1.0001).add_(-0.0001)` on 16 floats, then `.item()`) in ops per
+second remote and local; the server's cost per op beyond the kernel (the server's time
+running the chain's requests, per op, less the same ops called locally from C++, i.e.
+dispatcher and kernel; needs a server that counts its busy time); the tiny Transformer step
+(2 encoder layers, d_model 64, 4 heads, ff 128, batch 8x32, AdamW) remote/local; and
+client cost per queued op, round trips per step, remote/local for a small MLP.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -50,17 +58,61 @@ def _time(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
-    parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+CHAIN_OPS = 40_000
+
+
+def _chain(device) -> float:
+    """Seconds for the tiny-op chain, the final .item() included."""
+    x = torch.ones(16, device=device)
+    x.mul_(1.0001).add_(-0.0001).sum().item()
+    start = time.perf_counter()
+    for _ in range(CHAIN_OPS // 2):
+        x.mul_(1.0001).add_(-0.0001)
+    x.sum().item()
+    return time.perf_counter() - start
+
+
+@torch.jit.script
+def _chain_in_cpp(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x.mul_(1.0001).add_(-0.0001)
+    return x
+
+
+def _kernel() -> float:
+    """Seconds per op of the chain's ops called from C++ (TorchScript's interpreter): the
+    dispatcher and the kernel, what the server cannot avoid, without Python's own cost."""
+    x = torch.ones(16)
+    _chain_in_cpp(x, 100)
+    start = time.perf_counter()
+    _chain_in_cpp(x, CHAIN_OPS // 2)
+    return (time.perf_counter() - start) / CHAIN_OPS
+
+
+def _transformer_step_fn(device):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 32, 64).to(device)
+
+    def step():
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def measure(transport_name: str, steps: int) -> dict:
     # the server always serves TCP too: its address is how the fixture knows it is up
-    transport = "tcp" if args.transport == "tcp" else "tcp,dpdk"
+    transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"
     with ServerProcess("--transport", transport) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
-        remote_accel.init(transport=args.transport, server=f"{host}:{port}", token=server.token)
+        remote_accel.init(transport=transport_name, server=f"{host}:{port}", token=server.token)
         session = runtime.sessions()[0]
         a = torch.randn(16, 16, device="remote_accel")
         n, enqueues, rates = 2000, [], []
@@ -76,22 +128,84 @@ def main() -> int:
 
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-        local = _time(_step_fn(copy.deepcopy(model), "cpu"), args.steps)
+        local = _time(_step_fn(copy.deepcopy(model), "cpu"), steps)
         remote_step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel")
         before = session.counters["round_trips"]
-        remote = _time(remote_step, args.steps)
-        trips = (session.counters["round_trips"] - before) / (args.steps + 2)
+        remote = _time(remote_step, steps)
+        trips = (session.counters["round_trips"] - before) / (steps + 2)
         compiled_model = torch.compile(copy.deepcopy(model).to("remote_accel"), backend="remote_accel")
-        compiled = _time(_step_fn(compiled_model, "remote_accel"), args.steps)
+        compiled = _time(_step_fn(compiled_model, "remote_accel"), steps)
+
+        chain_local = statistics.median(_chain("cpu") for _ in range(3))
+        chain_remote, server_per_op = [], []
+        for _ in range(3):
+            stats = session.stats()
+            chain_remote.append(_chain("remote_accel"))
+            after = session.stats()
+            ops = after["ops_done"] - stats["ops_done"]
+            # servers before the C++ executor do not count their busy time
+            busy = after.get("busy_ns", float("nan")) - stats.get("busy_ns", float("nan"))
+            server_per_op.append(busy * 1e-9 / ops)
+        chain_remote = statistics.median(chain_remote)
+        kernel = statistics.median(_kernel() for _ in range(3))
+        server_per_op = statistics.median(server_per_op)
+
+        tf_local = _time(_transformer_step_fn("cpu"), steps)
+        tf_remote = _time(_transformer_step_fn("remote_accel"), steps)
         remote_accel.shutdown()
-    print(f"transport: {args.transport}")
-    print(f"client cost per queued op (enqueue):   {enqueue * 1e6:8.1f} us")
-    print(f"ops per second end to end:             {ops_per_s:8.0f}")
-    print(f"round trips per eager step (loss.item): {trips:8.2f}")
-    print(f"step time local CPU:                   {local * 1e3:8.2f} ms")
-    print(f"step time remote eager:                {remote * 1e3:8.2f} ms  ({remote / local:.1f}x local)")
-    print(f"step time remote compiled:             {compiled * 1e3:8.2f} ms  ({compiled / local:.1f}x local)")
-    return 0
+    return {
+        "transport": transport_name, "enqueue_us": enqueue * 1e6, "add_ops_per_s": ops_per_s, "trips": trips,
+        "mlp_local_ms": local * 1e3, "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3,
+        "chain_remote_ops_per_s": CHAIN_OPS / chain_remote, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
+        "server_us_per_op": server_per_op * 1e6, "kernel_us": kernel * 1e6,
+        "tf_local_ms": tf_local * 1e3, "tf_remote_ms": tf_remote * 1e3,
+    }
+
+
+ROWS = (
+    ("tiny-op chain, remote (ops/s)", lambda r: f"{r['chain_remote_ops_per_s']:,.0f}"),
+    ("tiny-op chain, local (ops/s)", lambda r: f"{r['chain_local_ops_per_s']:,.0f}"),
+    ("server cost per op beyond the kernel (us)",
+     lambda r: f"{r['server_us_per_op']:.1f} - {r['kernel_us']:.1f} = {r['server_us_per_op'] - r['kernel_us']:.1f}"),
+    ("tiny Transformer step remote / local (ms)",
+     lambda r: f"{r['tf_remote_ms']:.1f} / {r['tf_local_ms']:.1f} = {r['tf_remote_ms'] / r['tf_local_ms']:.2f}x"),
+    ("client cost per queued op, enqueue (us)", lambda r: f"{r['enqueue_us']:.1f}"),
+    ("16x16 add_ ops per second end to end", lambda r: f"{r['add_ops_per_s']:,.0f}"),
+    ("round trips per eager MLP step", lambda r: f"{r['trips']:.2f}"),
+    ("MLP step remote eager / local (ms)",
+     lambda r: f"{r['mlp_remote_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_remote_ms'] / r['mlp_local_ms']:.1f}x"),
+    ("MLP step remote compiled / local",
+     lambda r: f"{r['mlp_compiled_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_compiled_ms'] / r['mlp_local_ms']:.1f}x"),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transport", choices=("tcp", "dpdk", "both"), default="both")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--json", action="store_true", help="one JSON object per transport, for machines")
+    args = parser.parse_args()
+    if args.transport != "both":
+        result = measure(args.transport, args.steps)
+        print(json.dumps(result) if args.json else "\n".join(f"{n:44s} {f(result)}" for n, f in ROWS))
+        return 0
+    # A process per transport: the device and DPDK's EAL are set up once per process.
+    results = []
+    for transport in ("tcp", "dpdk"):
+        child = subprocess.run([sys.executable, __file__, "--transport", transport, "--steps", str(args.steps),
+                                "--json"], capture_output=True, text=True)
+        lines = child.stdout.strip().splitlines()
+        if child.returncode != 0 or not lines:
+            print(f"{transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)
+            continue
+        results.append(json.loads(lines[-1]))
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    print(f"{'':44s} " + " ".join(f"{r['transport']:>24s}" for r in results))
+    for name, fmt in ROWS:
+        print(f"{name:44s} " + " ".join(f"{fmt(r):>24s}" for r in results))
+    return 0 if len(results) == 2 else 1
 
 
 if __name__ == "__main__":

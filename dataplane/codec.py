@@ -139,6 +139,11 @@ def decode(data) -> Any:
     return value
 
 
+def decode_at(data: bytes, pos: int) -> tuple[Any, int]:
+    """Decode the one value that starts at byte `pos` of `data`; (value, where it ends)."""
+    return _Decoder(data).read(pos, 0)
+
+
 class _Decoder:
     __slots__ = ("buf", "items")
 

@@ -75,8 +75,22 @@ def slow_path(op: torch._ops.OpOverload, args: tuple, kwargs: dict, want_plan: b
     """
     special = transfer.SPECIAL_OPS.get(op)
     if special is not None and not transfer.runs_on_server(op, args):
+        if op is torch.ops.aten._copy_from.default and transfer.on_one_server(args[0], args[1]):
+            return _copy_on_server(op, args, kwargs, want_plan)
         return special(op, args, kwargs), (None if op in transfer.SOMETIMES_ON_SERVER else False)
     return queue_op(op, args, kwargs, want_plan)
+
+
+def _copy_on_server(op, args, kwargs, want_plan: bool) -> tuple:
+    """`_copy_from(src, dst)` between tensors of one server (PyTorch's copy_ for them, as
+    in .contiguous()): queued as itself, so that later calls are served from a plan (the
+    server runs it as dst.copy_(src)); its result is dst, argument 1."""
+    index = _device_index(args, kwargs)
+    plan = (next(_plan_ids), 2, (("arg", 1),)) if want_plan else None
+    enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
+    runtime.session(index).run(meta.op_name(op), enc_args, enc_kwargs, (None,), None,
+                               plan=None if plan is None else plan[0])
+    return args[1], plan
 
 
 def run_op(op, args, kwargs):

@@ -147,8 +147,15 @@ def runs_on_server(op, args) -> bool:
             and args[0].device == args[1].device)
 
 
-#: SPECIAL_OPS whose calls runs_on_server may pass as ordinary ops
-SOMETIMES_ON_SERVER = frozenset({torch.ops.aten.copy_.default})
+def on_one_server(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether copying src into dst is an op of one server that cannot fail on shapes."""
+    return (_is_remote(src) and _is_remote(dst) and src.device == dst.device and src.dim() <= dst.dim()
+            and all(s in (1, d) for s, d in zip(reversed(src.shape), reversed(dst.shape))))
+
+
+#: SPECIAL_OPS whose calls may be ordinary ops of one server (runs_on_server, on_one_server):
+#: a host transfer must not stop their later calls from being served from plans
+SOMETIMES_ON_SERVER = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default})
 
 SPECIAL_OPS = {
     torch.ops.aten._copy_from.default: _copy_from,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import re
 import signal
 import socket
@@ -17,7 +18,13 @@ import sys
 import threading
 from typing import Optional
 
-from .. import config
+# Before torch loads OpenMP: its threads otherwise spin between parallel regions, and on
+# a host that the server shares (with its client, with other sessions' transport
+# threads) the spinning takes the cores the next op needs: a tiny Transformer step took
+# 2 s instead of 20 ms on 2 shared cores. An explicit OMP_WAIT_POLICY wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .. import config  # noqa: E402 (after the environment is set)
 from .._version import __version__
 from ..errors import ConfigError, RemoteAccelError
 from ..dataplane.eal_args import split_eal

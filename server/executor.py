@@ -29,14 +29,14 @@ from . import ops
 from .device import ComputeDevice
 from .failure import BAD_HANDLE, OP, Failure
 from .rng import Generators
-from .storage import EMPTY_SID, StorageTable, TensorRef, parse_ref
+from .storage import EMPTY_SID, StorageTable, TensorRef, is_sid, parse_ref
 
 #: Plans kept per session (RunOp.plan), the oldest dropped first: a client keeps fewer.
 MAX_PLANS = 1 << 16
 #: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
-_MAX_FAILED = 1 << 16
+_COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
 
@@ -94,20 +94,37 @@ def _fill(value: Any, values) -> Any:
     return value
 
 
+def _no_resolve(code: int, payload: Any) -> Any:
+    raise _NotNative
+
+
 def _no_tensor(t):
     raise TypeError("a nested tensor result cannot be returned by value")
 
 
+class _NotNative(Exception):
+    """A plan that only the Python path can run (generators, graph values)."""
+
+
 class Executor:
+    """Python's half of the executor. Planned ops that C++ can run from a template (most)
+    run there (native.Executor, shared with the StorageTable), in batches with the GIL
+    released; this class defines the templates and runs everything else."""
+
     def __init__(self, device: ComputeDevice, table: StorageTable, generators: Generators):
         self.device = device
         self.table = table
+        self.native = table.native
         self.generators = generators
-        self.ops_done = 0
+        self._python_ops = 0
         self._graphs: dict[int, tuple[tuple, tuple]] = {}
         self._plans: dict[int, tuple[RunOp, int]] = {}  # id -> (the defining RunOp, its holes)
-        # storages whose producing op failed: later uses fail with a message that says why
-        self._failed: set[int] = set()
+        # The storages whose producing op failed (later uses fail with a message that says
+        # why) are kept by the C++ side, which also runs ops.
+
+    @property
+    def ops_done(self) -> int:
+        return self._python_ops + self.native.ops_done()
 
     # -- arguments ----------------------------------------------------------------------------
     def decode(self, value: Any, touched: list, graph_values: Optional[list] = None) -> Any:
@@ -127,7 +144,7 @@ class Executor:
         return torch_values.decode_value(value, resolve)
 
     def _tensor(self, ref: TensorRef) -> torch.Tensor:
-        if ref.sid in self._failed and ref.sid not in self.table:
+        if is_sid(ref.sid) and self.native.failed(ref.sid) and ref.sid not in self.table:
             raise Failure(BAD_HANDLE, f"storage {ref.sid} does not exist: the op that made it failed")
         return self.table.tensor(ref)
 
@@ -160,7 +177,7 @@ class Executor:
             if msg.stream is not None and resolved.seeded:
                 self._sync_default_stream(msg.stream)
             flat = flatten(self._call(resolved, args, kwargs))
-            self.ops_done += 1
+            self._python_ops += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
         except BaseException:
             self.mark_failed(msg.outs)
@@ -175,10 +192,88 @@ class Executor:
             raise ProtocolError("RunOp.plan must be an int, and cannot go with reply")
         holes = _count_holes((msg.args, msg.kwargs, msg.outs))
         if msg.plan not in self._plans and len(self._plans) >= MAX_PLANS:
-            del self._plans[next(iter(self._plans))]
+            oldest = next(iter(self._plans))
+            del self._plans[oldest]
+            self.native.drop(oldest)
         self._plans[msg.plan] = (RunOp(msg.op, msg.args, msg.kwargs, msg.outs, False, msg.stream), holes)
+        self.native.drop(msg.plan)
+        if is_sid(msg.plan):
+            try:
+                self._define_native(msg)
+            except (_NotNative, ProtocolError, Failure):
+                pass  # the Python path runs it (and reports what is wrong with it)
+
+    def _define_native(self, msg: RunOp) -> None:
+        """Hand C++ the plan's template: its arguments with a placeholder per hole."""
+        if msg.stream is not None:
+            raise _NotNative
+        resolved = ops.resolve(msg.op)
+        fn = resolved.fn
+        if msg.op in _COPY_FROM:
+            fn = torch.ops.aten._copy_from.default
+        if (not isinstance(fn, torch._ops.OpOverload) or resolved.generator_index is not None
+                or resolved.seeded):
+            raise _NotNative
+        holes: list = []
+        placeholders: list = []
+        args = self._template(msg.args, holes, placeholders, 0)
+        kwargs = self._template(msg.kwargs, holes, placeholders, 0)
+        if type(args) is not tuple:
+            args = tuple(args) if type(args) is list else (args,)
+        if type(kwargs) is not dict:
+            raise _NotNative
+        for i, out in enumerate(msg.outs):
+            if out is None:
+                continue
+            if type(out) is not Ext or out.code != torch_values.TENSOR:
+                raise _NotNative
+            ref = parse_ref(out.value)
+            holes.append(("o", i, ref.dtype, ref.shape, ref.stride, ref.offset, ref.flags, ref.span))
+        if msg.op in _COPY_FROM:  # the client's name for dst.copy_(src) between its tensors
+            if len(args) not in (2, 3) or kwargs:
+                raise _NotNative
+            fn = torch.ops.aten.copy_.default
+            args = (args[1], args[0]) + args[2:]  # holes keep their wire order: C++ finds placeholders
+        schema = fn._schema
+        self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders, holes,
+                           len(msg.outs))
+
+    def _template(self, value: Any, holes: list, placeholders: list, depth: int) -> Any:
+        """A wire value decoded with a distinct placeholder tensor in each hole, in
+        _count_holes' order; `holes` gets each hole's kind and layout."""
+        t = type(value)
+        if depth > 8:
+            raise _NotNative
+        if t is Ext:
+            code = value.code
+            if code == torch_values.TENSOR:
+                ref = parse_ref(value.value)
+                holes.append(("t", len(placeholders), ref.dtype, ref.shape, ref.stride, ref.offset, ref.flags,
+                              ref.span))
+                placeholders.append(torch.empty(0))
+                return placeholders[-1]
+            if code == torch_values.CPU_TENSOR:
+                tensor = torch_values.decode_cpu_tensor(value.value)
+                holes.append(("c", len(placeholders), tensor.dtype, tuple(tensor.shape)))
+                placeholders.append(tensor)
+                return tensor
+            if code == torch_values.DEVICE:
+                return self._device(value.value)
+            if code in (torch_values.GENERATOR, torch_values.GRAPH_VALUE):
+                raise _NotNative
+            return torch_values.decode_value(value, _no_resolve)
+        if t is tuple:
+            return tuple([self._template(v, holes, placeholders, depth + 1) for v in value])
+        if t is list:
+            return [self._template(v, holes, placeholders, depth + 1) for v in value]
+        if t is dict:
+            return {k: self._template(v, holes, placeholders, depth + 1) for k, v in value.items()}
+        return value
 
     def run_planned(self, msg: RunPlanned) -> None:
+        if self.native.planned(msg.plan) if is_sid(msg.plan) else False:
+            self.native.run_planned(msg.plan, msg.values)
+            return
         try:
             template, holes = self._plans[msg.plan]
         except KeyError:
@@ -290,15 +385,12 @@ class Executor:
         return results
 
     def mark_failed(self, outs: Any) -> None:
-        if len(self._failed) > _MAX_FAILED:
-            self._failed.clear()
         for out in outs if type(outs) is tuple else ():
             # storage 0 is every empty tensor's (see StorageTable): it never fails
-            if type(out) is int and out != EMPTY_SID:
-                self._failed.add(out)
-            elif (type(out) is Ext and type(out.value) is tuple and out.value and type(out.value[0]) is int
-                  and out.value[0] != EMPTY_SID):
-                self._failed.add(out.value[0])
+            if type(out) is Ext and type(out.value) is tuple and out.value:
+                out = out.value[0]
+            if is_sid(out) and out != EMPTY_SID:
+                self.native.mark_failed(out)
 
     def _resync_quietly(self, touched: list) -> None:
         try:
@@ -307,7 +399,8 @@ class Executor:
             pass  # the op's own error is the one to report
 
     def forget(self, sid: int) -> None:
-        self._failed.discard(sid)
+        if is_sid(sid):
+            self.native.forget(sid)
 
     # -- graphs -----------------------------------------------------------------------------------
     def run_graph(self, msg: RunGraph) -> None:
@@ -330,7 +423,7 @@ class Executor:
                 except Exception as exc:
                     exc.add_note(f"in node {k} ({node[0]}) of graph {msg.graph_id}")
                     raise
-                self.ops_done += 1
+                self._python_ops += 1
             self._bind(flatten([self.decode(o, touched, values) for o in outputs]), refs, touched)
         except BaseException:
             self.mark_failed(msg.outs)
@@ -360,7 +453,8 @@ class Executor:
 
     def clear(self) -> None:
         self._graphs.clear()
-        self._failed.clear()
+        self.native.clear_failed()
+        self.native.clear_plans()
 
 
 def _graph_value(values: list, payload: Any) -> Any:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import traceback
+
 import torch
 
+from ..dataplane import messages as m
 from ..errors import ProtocolError
 
 # The kinds a client may see (messages.ErrorReply.kind).
@@ -54,3 +57,18 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, RuntimeError) and any(t in str(exc) for t in _CPU_OOM_TEXT):
         return OOM
     return OP
+
+
+def error_reply(exc: BaseException, max_message: int, max_trace: int) -> m.ErrorReply:
+    """The ErrorReply that reports `exc`, its texts clipped to the limits given."""
+    kind = classify(exc)
+    text = f"{type(exc).__name__}: {exc}" if kind == OP else str(exc)
+    notes = getattr(exc, "__notes__", None)
+    if notes:
+        text += " (" + "; ".join(notes) + ")"
+    trace = "" if isinstance(exc, (Failure, ProtocolError)) else "".join(traceback.format_exception(exc))
+    return m.ErrorReply(kind, clip(text, max_message), clip(trace, max_trace))
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 20] + " ...[truncated]"

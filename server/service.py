@@ -7,6 +7,7 @@ session; the server only counts sessions and sums their figures for STATS.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -53,6 +54,10 @@ class Server:
     # -- listeners ----------------------------------------------------------------------------
     def serve(self, listener: Listener) -> None:
         """Start accepting clients from `listener` in a thread of its own."""
+        # What is loaded by now (torch's modules and op tables) lives as long as the
+        # server: out of the collector's sight, a collection that the op path's Python
+        # allocations trigger costs microseconds instead of milliseconds.
+        gc.freeze()
         self._listeners.append(listener)
         self._start(self._accept_loop, f"accept {listener.address}", listener)
 

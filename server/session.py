@@ -15,21 +15,21 @@ on the missing results do not replace it.
 from __future__ import annotations
 
 import logging
-import traceback
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+import time
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 import torch
 
+from ..dataplane import codec
 from ..dataplane import messages as m
-from ..dataplane import torch_values
-from ..dataplane.codec import Ext
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import auth, failure
+from . import auth, failure, native
 from .executor import Executor
 from .failure import Failure
+from .placement import Desync, WriteTarget, batch_writes
 from .rng import Generators
 from .storage import StorageTable, host_bytes
 
@@ -47,20 +47,10 @@ _MAX_MESSAGE_TEXT = 64 << 10
 _MAX_TRACE_TEXT = 256 << 10
 
 
-class WriteTarget(NamedTuple):
-    """Where one WRITE payload is received: `buffer`. With `staging` set, the bytes are
-    copied into `view` (or, when None, the range the WRITE names once it runs) later;
-    with `error` set, they are thrown away and the error reported."""
+class NativeBatch(NamedTuple):
+    """A Batch the C++ executor has checked whole and runs (Executor.native.scan)."""
 
-    buffer: Any
-    view: Optional[torch.Tensor] = None
-    staging: Optional[torch.Tensor] = None
-    error: Optional[BaseException] = None
-
-
-class Desync(Exception):
-    """Raised from the payload sink when a message's payloads cannot be received: the
-    byte stream would be out of step afterwards, so the session must end."""
+    meta: bytes
 
 
 class Session:
@@ -76,6 +66,7 @@ class Session:
         self.pending: Optional[m.ErrorReply] = None
         self.sink_messages = 0
         self.sink_bytes = 0
+        self.busy_ns = 0  # time spent running one-way requests (ops), for benchmarks
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -170,6 +161,8 @@ class Session:
             return self._discard(lengths)
 
     def _place(self, header, meta: bytes, lengths: list) -> list:
+        if header.type == MsgType.BATCH and not lengths and self._scan(meta):
+            return []
         try:
             msg = m.decode(header.type, meta)
         except ProtocolError as exc:
@@ -187,7 +180,7 @@ class Session:
                 request, writes, direct = msg, [msg], [True]
             elif header.type == MsgType.BATCH:
                 request = m.batch_items(msg)
-                writes, direct = _batch_writes(request)
+                writes, direct = batch_writes(request)
             elif lengths:
                 raise ProtocolError(f"{type_name(header.type)} carries no payloads")
             else:
@@ -228,6 +221,9 @@ class Session:
     # -- dispatch ----------------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> bool:
         stash, self._stash = self._stash, None
+        if stash is None and msg.type == MsgType.BATCH and not msg.payloads and self._scan(msg.meta):
+            stash = self._stash
+            self._stash = None
         if stash is None:  # a transport that skips the sink for payload-free messages
             try:
                 stash = (msg.type, m.decode(msg.type, msg.meta), None)
@@ -235,7 +231,7 @@ class Session:
                 stash = (msg.type, exc, None)
         _, request, plan = stash
         if isinstance(request, Exception):
-            self._send(m.ErrorReply(failure.PROTOCOL, _clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
+            self._send(m.ErrorReply(failure.PROTOCOL, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
             return True
         handler = self._handlers.get(msg.type)
         if handler is None:
@@ -251,9 +247,9 @@ class Session:
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
 
     def _error_reply(self, exc: BaseException) -> m.ErrorReply:
-        reply = _error_reply(exc)
+        reply = failure.error_reply(exc, _MAX_MESSAGE_TEXT, _MAX_TRACE_TEXT)
         if self.device.lost(exc):
-            reply = m.ErrorReply(failure.DEVICE_LOST, _clip(self.server.device_lost(exc), _MAX_MESSAGE_TEXT),
+            reply = m.ErrorReply(failure.DEVICE_LOST, failure.clip(self.server.device_lost(exc), _MAX_MESSAGE_TEXT),
                                  reply.trace)
         return reply
 
@@ -265,7 +261,46 @@ class Session:
         return True
 
     # -- one-way requests ----------------------------------------------------------------------------
+    def _scan(self, meta) -> bool:
+        """Whether the C++ executor takes this Batch (no WRITE payloads to place, well
+        formed); if so the stash says so. Anything else is decoded in Python, which says
+        what is wrong with it."""
+        if self.executor is None:
+            return False
+        meta = bytes(meta)
+        if not self.executor.native.scan(meta):
+            return False
+        self._stash = (MsgType.BATCH, NativeBatch(meta), None)
+        return True
+
+    def _run_native(self, batch: NativeBatch) -> None:
+        """Run a scanned Batch: C++ runs what it can with the GIL released and stops at
+        each item Python must run (RunOp, plans without a template) or that failed."""
+        first = 0
+        while True:
+            index, stop, begin, _, error = self.executor.native.resume(first)
+            if stop == native.END:
+                return
+            first = index + 1
+            try:
+                if stop == native.ERROR:
+                    raise native.to_exception(*error)
+                value, _ = codec.decode_at(batch.meta, begin)
+                self._execute(m.batch_items(m.Batch((value,)))[0], iter(()))
+            except Exception as exc:
+                self._fail(exc)
+
     def _one_way(self, request, msg: Message, plan) -> None:
+        start = time.perf_counter_ns()
+        try:
+            self._run_one_way(request, msg, plan)
+        finally:
+            self.busy_ns += time.perf_counter_ns() - start
+
+    def _run_one_way(self, request, msg: Message, plan) -> None:
+        if type(request) is NativeBatch:
+            self._run_native(request)
+            return
         try:
             if type(request) is m.Batch:  # the sink did not see it (no payloads)
                 items = m.batch_items(request)
@@ -361,6 +396,8 @@ class Session:
             "memory_limit": self.table.limit,
             "storages": len(self.table),
             "ops_done": self.ops_done,
+            "native_ops_done": self.executor.native.ops_done() if self.executor else 0,
+            "busy_ns": self.busy_ns,
             "pending_error": self.pending is not None,
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,
@@ -415,53 +452,3 @@ class Session:
             self._send(reply)
         except TransportError:
             pass
-
-
-def _batch_writes(items: list) -> tuple[list, list]:
-    """The batch's WRITE items, and for each whether it may land in its storage at once:
-    only when no earlier item of the batch names that storage (an op reading the old
-    bytes, or an ALLOC/FREE changing what the id means)."""
-    writes, direct, named = [], [], set()
-    for item in items:
-        if type(item) is m.WriteStorage:
-            writes.append(item)
-            direct.append(item.sid not in named)
-            named.add(item.sid)
-        elif type(item) is m.RunOp:
-            _collect_sids((item.args, item.kwargs, item.outs), named)
-        elif type(item) is m.RunPlanned:  # its ints are storage ids, its bytes CPU scalars
-            named.update(v for v in item.values if type(v) is int)
-        elif type(item) is m.AllocStorage:
-            named.add(item.sid)
-        elif type(item) is m.FreeStorage:
-            named.update(sid for sid in item.sids if type(sid) is int)
-    return writes, direct
-
-
-def _collect_sids(value: Any, into: set) -> None:
-    if type(value) is Ext:
-        if value.code == torch_values.TENSOR and type(value.value) is tuple and value.value:
-            if type(value.value[0]) is int:
-                into.add(value.value[0])
-        else:
-            _collect_sids(value.value, into)
-    elif type(value) in (tuple, list):
-        for v in value:
-            _collect_sids(v, into)
-    elif type(value) is dict:
-        for v in value.values():
-            _collect_sids(v, into)
-
-
-def _error_reply(exc: BaseException) -> m.ErrorReply:
-    kind = failure.classify(exc)
-    text = f"{type(exc).__name__}: {exc}" if kind == failure.OP else str(exc)
-    notes = getattr(exc, "__notes__", None)
-    if notes:
-        text += " (" + "; ".join(notes) + ")"
-    trace = "" if isinstance(exc, (Failure, ProtocolError)) else "".join(traceback.format_exception(exc))
-    return m.ErrorReply(kind, _clip(text, _MAX_MESSAGE_TEXT), _clip(trace, _MAX_TRACE_TEXT))
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 20] + " ...[truncated]"

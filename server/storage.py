@@ -17,6 +17,7 @@ import torch
 
 from ..dataplane import torch_values
 from ..errors import ProtocolError
+from . import native
 from .device import ComputeDevice
 from .failure import bad_handle, oom
 
@@ -92,51 +93,53 @@ def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsiz
 EMPTY_SID = 0
 
 
+def is_sid(sid: Any) -> bool:
+    """Whether `sid` can name a storage: ids are signed 64-bit ints."""
+    return type(sid) is int and _INT64[0] <= sid <= _INT64[1]
+
+
 class StorageTable:
+    """The Python face of the C++ table (native.Executor), which the C++ executor shares:
+    entries and accounting live there, so a batch run in C++ binds results without Python."""
+
     def __init__(self, device: ComputeDevice, limit: int):
         self.device = device
+        self.native = native.Executor(str(device.device), limit)
         self.limit = limit  # bytes this session may hold
-        self.used = 0
-        self.peak = 0
-        self._storages: dict[int, torch.UntypedStorage] = {}
-        self._sizes: dict[int, int] = {}  # bytes accounted per sid
+
+    @property
+    def used(self) -> int:
+        return self.native.used()
+
+    @property
+    def peak(self) -> int:
+        return self.native.peak()
 
     def __len__(self) -> int:
-        return len(self._storages)
+        return self.native.size()
 
-    def __contains__(self, sid: int) -> bool:
-        return sid in self._storages
+    def __contains__(self, sid: Any) -> bool:
+        return is_sid(sid) and self.native.contains(sid)
 
     # -- accounting --------------------------------------------------------------------------
     def check_fits(self, nbytes: int) -> None:
         """Refuse, before touching the device, what would take the session over its limit."""
-        if nbytes > self.limit - self.used:
+        used = self.native.used()
+        if nbytes > self.limit - used:
             raise oom(f"allocating {nbytes} bytes would exceed this session's memory limit "
-                      f"({self.used} of {self.limit} bytes in use)")
-
-    def _account(self, sid: int, nbytes: int) -> None:
-        self.used += nbytes - self._sizes.get(sid, 0)
-        self._sizes[sid] = nbytes
-        self.peak = max(self.peak, self.used)
+                      f"({used} of {self.limit} bytes in use)")
 
     def resync(self, sids: Iterable[int]) -> None:
         """Re-count storages an op may have resized (resize_, set_, out= with a wrong size).
         Such growth is only seen afterwards: past the limit, it is reported as out of
         memory and every later allocation of the session is refused until it frees some."""
-        grew = False
-        for sid in sids:
-            storage = self._storages.get(sid)
-            if storage is not None and storage.nbytes() != self._sizes[sid]:
-                grew |= storage.nbytes() > self._sizes[sid]
-                self._account(sid, storage.nbytes())
-        if grew and self.used > self.limit:
-            raise oom(f"an op grew this session's storages to {self.used} bytes, over its limit of {self.limit}")
+        self.native.resync([sid for sid in sids if is_sid(sid)])
 
     # -- entries -------------------------------------------------------------------------------
     def _check_new(self, sid: Any) -> None:
-        if type(sid) is not int or not _INT64[0] <= sid <= _INT64[1]:
+        if not is_sid(sid):
             raise ProtocolError(f"storage id {sid!r} is not a 64-bit integer")
-        if sid in self._storages:
+        if self.native.contains(sid):
             raise bad_handle(f"storage {sid} already exists")
         if sid == EMPTY_SID:
             raise bad_handle(f"storage {EMPTY_SID} is every empty tensor's and cannot be allocated")
@@ -146,47 +149,37 @@ class StorageTable:
         if type(nbytes) is not int or nbytes < 0:
             raise ProtocolError(f"bad allocation size {nbytes!r}")
         self.check_fits(nbytes)
-        storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device.device).untyped_storage()
-        self._storages[sid] = storage
-        self._account(sid, nbytes)
+        self.native.alloc(sid, nbytes)
 
     def put(self, sid: int, storage: torch.UntypedStorage, replace: bool = True) -> None:
         """Keep an op's result storage under `sid`, in place of what `sid` held if
         `replace`; the caller has checked the limit (check_fits) beforehand."""
-        if not (replace and sid in self._storages):
+        if not (replace and sid in self):
             self._check_new(sid)
-        self._storages[sid] = storage
-        self._account(sid, storage.nbytes())
+        whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        self.native.put(sid, whole, replace)
 
     def get(self, sid: Any) -> Optional[torch.UntypedStorage]:
-        try:
-            return self._storages.get(sid)
-        except TypeError:
+        if not is_sid(sid):
             return None
+        whole = self.native.get(sid)
+        return None if whole is None else whole.untyped_storage()
 
     def free(self, sid: int) -> bool:
-        storage = self._storages.pop(sid, None)
-        if storage is None:
-            return False
-        self.used -= self._sizes.pop(sid)
-        return True
+        return is_sid(sid) and self.native.free(sid)
 
     def clear(self) -> tuple[int, int]:
         """Drop everything; returns (storages, bytes) released."""
-        count, nbytes = len(self._storages), self.used
-        self._storages.clear()
-        self._sizes.clear()
-        self.used = 0
-        return count, nbytes
+        return self.native.clear()
 
     def storage(self, sid: Any) -> torch.UntypedStorage:
         if sid == EMPTY_SID and type(sid) is int:
             # a fresh one each time: an op that resizes its output must not grow a shared one
             return torch.UntypedStorage(0, device=self.device.device)
-        try:
-            return self._storages[sid]
-        except (KeyError, TypeError):
-            raise bad_handle(f"unknown storage {sid!r}") from None
+        storage = self.get(sid)
+        if storage is None:
+            raise bad_handle(f"unknown storage {sid!r}")
+        return storage
 
     # -- views ------------------------------------------------------------------------------------
     def tensor(self, ref: TensorRef) -> torch.Tensor:

@@ -2,6 +2,7 @@
 // See op_queue.h for the design; fallback.py makes the plans.
 #include "op_queue.h"
 
+#include "codec.h"
 #include "device.h"
 
 #include <ATen/EmptyTensor.h>
@@ -41,34 +42,17 @@ constexpr c10::DispatchKey kKey = c10::DispatchKey::PrivateUse1;
 constexpr int64_t kMaxPlans = 1 << 14;
 
 // ---------------------------------------------------------------------------------------
-// Encoding: the few codec values (dataplane/codec.py) a queued request needs.
+// Encoding: the few codec values (dataplane/codec.py) a queued request needs; keys.
 
 template <class T>
 void put_raw(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof value);
 }
 
-void put_int(std::string& out, int64_t v) {
-  constexpr char kInt = 0x03, kSmallInt = 0x0c;
-  if (v >= -128 && v < 128) {  // codec's one-byte ints
-    out.push_back(kSmallInt);
-    out.push_back(static_cast<char>(v + 128));
-  } else {
-    out.push_back(kInt);
-    put_raw<int64_t>(out, v);
-  }
-}
-
-void put_tuple_header(std::string& out, uint32_t n) {
-  out.push_back(0x08);
-  put_raw<uint32_t>(out, n);
-}
-
-void put_bytes(std::string& out, const void* data, uint32_t n) {
-  out.push_back(0x06);
-  put_raw<uint32_t>(out, n);
-  out.append(static_cast<const char*>(data), n);
-}
+// Codec values (one definition for the client's writer and the server's reader).
+using wire::put_bytes;
+using wire::put_int;
+using wire::put_tuple_header;
 
 // ---------------------------------------------------------------------------------------
 // Per-device queues

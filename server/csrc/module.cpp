@@ -1,0 +1,196 @@
+// remote_accel.server._native: the Python face of the C++ executor (server/native.py
+// is the one module that imports it).
+#include "native.h"
+
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace remote_accel::server {
+namespace {
+
+py::object* g_error_factory = nullptr;  // native.py's to_exception(kind, type, message, op)
+
+py::object error_tuple(const Error& e) {
+  return py::make_tuple(e.kind, e.type, e.message, e.op);
+}
+
+at::Tensor bytes_of(const c10::Storage& storage) {
+  // the whole storage as a uint8 tensor: Python takes its untyped_storage()
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
+Layout layout_of(const py::tuple& spec, size_t first) {
+  Layout l;
+  l.dtype = spec[first].cast<at::ScalarType>();
+  l.sizes = spec[first + 1].cast<std::vector<int64_t>>();
+  if (spec.size() > first + 2) {
+    l.strides = spec[first + 2].cast<std::vector<int64_t>>();
+    l.offset = spec[first + 3].cast<int64_t>();
+    l.flags = spec[first + 4].cast<int>();
+    l.span = spec[first + 5].cast<int64_t>();
+  }
+  return l;
+}
+
+// A plan's template from its first RunOp, decoded by executor.py with a placeholder
+// tensor in each hole: false when the op cannot be run from a template (a placeholder
+// that the schema turned into something else, an op the dispatcher does not know).
+bool define(Executor& self, int64_t plan, const std::string& name, const std::string& op_name,
+            const std::string& overload, const py::tuple& args, const py::dict& kwargs,
+            const std::vector<at::Tensor>& placeholders, const py::list& holes, size_t n_outs) {
+  self.drop(plan);
+  auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
+  if (!handle) {
+    return false;
+  }
+  auto t = std::make_shared<Template>(Template{*handle, name, {}, {}, n_outs, {}});
+  try {
+    t->stack = torch::jit::createStackForSchema(handle->schema(), torch::jit::tuple_slice(args),
+                                                py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
+  } catch (const std::exception&) {
+    return false;
+  }
+  // where each placeholder landed on the stack
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> where;
+  for (size_t i = 0; i < t->stack.size(); ++i) {
+    const auto& v = t->stack[i];
+    if (v.isTensor()) {
+      where.emplace(v.toTensor().unsafeGetTensorImpl(), std::make_pair(static_cast<int64_t>(i), int64_t{-1}));
+    } else if (v.isList()) {
+      const auto items = v.toListRef();
+      for (size_t j = 0; j < items.size(); ++j) {
+        if (items[j].isTensor() &&
+            where.emplace(items[j].toTensor().unsafeGetTensorImpl(), std::make_pair(static_cast<int64_t>(i),
+                                                                                    static_cast<int64_t>(j)))
+                .second) {
+          if (t->list_slots.empty() || t->list_slots.back() != i) {
+            t->list_slots.push_back(i);
+          }
+        }
+      }
+    }
+  }
+  for (const auto& h : holes) {
+    const auto spec = h.cast<py::tuple>();
+    const auto kind = spec[0].cast<std::string>();
+    Hole hole{};
+    if (kind == "o") {
+      hole.kind = Hole::kOut;
+      hole.out = spec[1].cast<int64_t>();
+      if (hole.out < 0 || static_cast<size_t>(hole.out) >= n_outs) return false;
+      hole.layout = layout_of(spec, 2);
+    } else {
+      hole.kind = kind == "t" ? Hole::kTensor : Hole::kCpu;
+      const auto index = spec[1].cast<size_t>();
+      if (index >= placeholders.size()) return false;
+      auto it = where.find(placeholders[index].unsafeGetTensorImpl());
+      if (it == where.end()) return false;
+      std::tie(hole.slot, hole.item) = it->second;
+      where.erase(it);  // each placeholder fills one hole
+      hole.layout = layout_of(spec, 2);
+    }
+    t->holes.push_back(std::move(hole));
+  }
+  self.define(plan, std::move(t));
+  return true;
+}
+
+// values -> the C++ form; the tuple keeps the bytes alive while they are used.
+std::vector<Executor::Value> values_of(const py::tuple& values) {
+  std::vector<Executor::Value> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = values[i].ptr();
+    if (PyLong_CheckExact(v)) {
+      int overflow = 0;
+      out[i].sid = PyLong_AsLongLongAndOverflow(v, &overflow);
+      out[i].other = overflow != 0;
+    } else if (PyBytes_CheckExact(v)) {
+      out[i].bytes = std::string_view(PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+      out[i].is_bytes = true;
+    } else {
+      out[i].other = true;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace remote_accel::server
+
+PYBIND11_MODULE(_native, m) {
+  using namespace remote_accel::server;
+  m.attr("VERSION") = REMOTE_ACCEL_VERSION;
+  m.def("set_error_factory", [](py::object factory) {
+    delete g_error_factory;
+    g_error_factory = new py::object(std::move(factory));
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ErrorThrown& e) {
+      if (g_error_factory == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, e.error.message.c_str());
+        return;
+      }
+      py::object exc = (*g_error_factory)(e.error.kind, e.error.type, e.error.message, e.error.op);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+
+  py::class_<Executor>(m, "Executor")
+      .def(py::init([](const std::string& device, int64_t limit) {
+        return std::make_unique<Executor>(c10::Device(device), limit);
+      }))
+      // -- the storage table
+      .def("contains", [](Executor& s, int64_t sid) { return s.table().contains(sid); })
+      .def("size", [](Executor& s) { return s.table().size(); })
+      .def("used", [](Executor& s) { return s.table().used(); })
+      .def("peak", [](Executor& s) { return s.table().peak(); })
+      .def("limit", [](Executor& s) { return s.table().limit(); })
+      .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })
+      .def("check_fits", [](Executor& s, int64_t n) { s.table().check_fits(n); })
+      .def("alloc", [](Executor& s, int64_t sid, int64_t n) { s.table().alloc(sid, n); })
+      .def("put", [](Executor& s, int64_t sid, const at::Tensor& bytes, bool replace) {
+        s.table().put(sid, bytes.storage(), replace);
+      })
+      .def("get", [](Executor& s, int64_t sid) -> std::optional<at::Tensor> {
+        const auto* storage = s.table().find(sid);
+        if (storage == nullptr) return std::nullopt;
+        return bytes_of(*storage);
+      })
+      .def("free", [](Executor& s, int64_t sid) { return s.table().free(sid); })
+      .def("clear", [](Executor& s) { return s.table().clear(); })
+      .def("resync", [](Executor& s, const std::vector<int64_t>& sids) { s.table().resync(sids.data(), sids.size()); })
+      // -- failed storages
+      .def("mark_failed", &Executor::mark_failed)
+      .def("failed", &Executor::failed)
+      .def("forget", &Executor::forget)
+      .def("clear_failed", &Executor::clear_failed)
+      // -- plans
+      .def("define", &define)
+      .def("drop", &Executor::drop)
+      .def("planned", &Executor::planned)
+      .def("clear_plans", &Executor::clear_plans)
+      .def("ops_done", &Executor::ops_done)
+      .def("run_planned", [](Executor& s, int64_t plan, const py::tuple& values) {
+        const auto converted = values_of(values);
+        py::gil_scoped_release no_gil;
+        s.run(plan, converted);
+      })
+      // -- batches
+      .def("scan", [](Executor& s, const py::bytes& meta) { return s.scan(std::string(meta)); })
+      .def("resume", [](Executor& s, size_t first) {
+        Executor::Stop stop;
+        {
+          py::gil_scoped_release no_gil;  // a heartbeat may be sent meanwhile
+          stop = s.resume(first);
+        }
+        return py::make_tuple(stop.item, static_cast<int>(stop.kind), stop.begin, stop.end,
+                              stop.kind == Executor::Stop::kError ? error_tuple(stop.error) : py::none());
+      });
+}

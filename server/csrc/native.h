@@ -1,0 +1,170 @@
+// The server's per-session hot path in C++: the storage table, plan templates, and
+// batches of planned ops run with the GIL released. Python (server/executor.py,
+// server/storage.py, server/session.py) drives it and keeps the rare paths.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace remote_accel::server {
+
+// A failure of one request, reported at the client's next sync. `kind` is an ErrorReply
+// kind (server/failure.py) or "exception" for an op's own error, then `type` names the
+// Python exception class to raise it as.
+struct Error {
+  std::string kind;
+  std::string type;
+  std::string message;
+  std::string op;  // the op that failed, when one did
+};
+
+struct ErrorThrown {
+  Error error;
+};
+
+[[noreturn]] void fail(const char* kind, std::string message);
+
+// Client storage ids -> device storages, with the session's memory accounting (the C++
+// half of server/storage.py's StorageTable).
+class Table {
+ public:
+  Table(c10::Device device, int64_t limit) : device_(device), limit_(limit) {}
+
+  c10::Device device() const { return device_; }
+  int64_t limit() const { return limit_; }
+  int64_t used() const { return used_; }
+  int64_t peak() const { return peak_; }
+  size_t size() const { return entries_.size(); }
+  bool contains(int64_t sid) const { return entries_.count(sid) != 0; }
+  const c10::Storage* find(int64_t sid) const {
+    auto it = entries_.find(sid);
+    return it == entries_.end() ? nullptr : &it->second.storage;
+  }
+
+  void check_fits(int64_t nbytes) const;
+  void check_new(int64_t sid) const;
+  void alloc(int64_t sid, int64_t nbytes);
+  // Keeps `storage` under `sid` (replacing what it held if `replace`); the caller has
+  // checked the limit.
+  void put(int64_t sid, c10::Storage storage, bool replace);
+  bool free(int64_t sid);
+  std::pair<int64_t, int64_t> clear();
+  // Re-counts storages an op may have resized; Failure(oom) past the limit.
+  void resync(const int64_t* sids, size_t n);
+  int64_t accounted(int64_t sid) const;
+
+ private:
+  struct Entry {
+    c10::Storage storage;
+    int64_t nbytes;
+  };
+  void account(Entry& e, int64_t nbytes);
+
+  c10::Device device_;
+  int64_t limit_;
+  int64_t used_ = 0;
+  int64_t peak_ = 0;
+  std::unordered_map<int64_t, Entry> entries_;
+};
+
+// A view's layout as a tensor reference gives it (storage id aside).
+struct Layout {
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  int flags = 0;  // torch_values.FLAG_CONJ | FLAG_NEG
+  int64_t span = 0;  // bytes of storage it reaches
+};
+
+// Where one RunPlanned value goes.
+struct Hole {
+  enum Kind : uint8_t { kTensor, kCpu, kOut } kind;
+  Layout layout;  // kTensor, kOut; kCpu: dtype and sizes
+  int64_t slot = -1;  // kTensor, kCpu: index into the stack
+  int64_t item = -1;  // inside the list at that slot, or -1
+  int64_t out = -1;  // kOut: result index
+};
+
+struct Template {
+  c10::OperatorHandle op;
+  std::string name;
+  std::vector<c10::IValue> stack;  // the arguments, holes holding placeholders
+  std::vector<Hole> holes;  // in wire order
+  size_t n_outs = 0;  // RunOp.outs' length (None outs have no hole)
+  std::vector<size_t> list_slots;  // stack slots holding lists with holes: copied per call
+};
+
+class Executor {
+ public:
+  Executor(c10::Device device, int64_t limit) : table_(device, limit) {}
+
+  Table& table() { return table_; }
+  int64_t ops_done() const { return ops_done_; }
+
+  void define(int64_t plan, std::shared_ptr<const Template> t) { plans_[plan] = std::move(t); }
+  void drop(int64_t plan) { plans_.erase(plan); }
+  bool planned(int64_t plan) const { return plans_.count(plan) != 0; }
+  void clear_plans() { plans_.clear(); }
+
+  void mark_failed(int64_t sid);
+  bool failed(int64_t sid) const { return failed_.count(sid) != 0; }
+  void forget(int64_t sid) { failed_.erase(sid); }
+  void clear_failed() { failed_.clear(); }
+
+  // One planned op from its values (storage ids, CPU tensor bytes); throws ErrorThrown.
+  struct Value {
+    int64_t sid = 0;
+    std::string_view bytes;
+    bool is_bytes = false;
+    bool other = false;  // neither an int nor bytes
+  };
+  void run(int64_t plan, const std::vector<Value>& values);
+
+  // -- batches (batch.cpp) --------------------------------------------------------------
+  // Checks a whole Batch's meta as messages.decode + batch_items would; false when it
+  // holds WRITE items (Python places their payloads). Throws wire::Malformed.
+  bool scan(std::string meta);
+  // Runs items from `first` on until one Python must run, an error, or the end.
+  struct Stop {
+    size_t item;  // the item Python runs (kSlow) or that failed (kError); == count at the end
+    enum Kind { kEnd, kSlow, kError } kind;
+    size_t begin = 0, end = 0;  // kSlow: the item's bytes in the meta
+    Error error;
+  };
+  Stop resume(size_t first);
+  size_t batch_size() const { return items_.size(); }
+  const std::string& batch_meta() const { return meta_; }
+
+ private:
+  at::Tensor view(const c10::Storage& storage, const Layout& layout) const;
+  const c10::Storage& input(int64_t sid, const Layout& layout, c10::Storage& scratch) const;
+  void bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,
+            const std::vector<int64_t>& touched);
+  void run_item(size_t i);
+
+  Table table_;
+  int64_t ops_done_ = 0;
+  std::unordered_map<int64_t, std::shared_ptr<const Template>> plans_;
+  std::unordered_set<int64_t> failed_;
+
+  // the batch being run
+  struct Item {
+    int64_t type;
+    size_t begin, end;  // the item's bytes (its (type, fields) tuple)
+    size_t fields;  // where its fields' values start, after the fields tuple's header
+  };
+  std::string meta_;
+  std::vector<Item> items_;
+};
+
+}  // namespace remote_accel::server

@@ -1,0 +1,45 @@
+"""The C++ executor (server/csrc/): the one module that imports it.
+
+It holds a session's storage table, its plan templates and the failed-storage set, and
+runs batches of planned ops with the GIL released; storage.py, executor.py and
+session.py drive it. Its errors reach Python as the exceptions the Python path raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._version import __version__
+from ..errors import ProtocolError
+from . import _native
+from .failure import Failure
+
+if _native.VERSION != __version__:
+    raise ImportError(f"remote_accel.server._native was built for version {_native.VERSION}, "
+                      f"this is {__version__}: reinstall remote_accel")
+
+#: What batch items Executor.resume stopped at (csrc/native.h, Executor::Stop).
+END, SLOW, ERROR = 0, 1, 2
+
+_TYPES = {
+    "RuntimeError": RuntimeError, "IndexError": IndexError, "ValueError": ValueError, "TypeError": TypeError,
+    "NotImplementedError": NotImplementedError, "MemoryError": MemoryError,
+    "OutOfMemoryError": torch.OutOfMemoryError, "LinAlgError": torch.linalg.LinAlgError,
+}
+
+
+def to_exception(kind: str, type_name: str, message: str, op: str) -> BaseException:
+    """An error of the C++ side as the exception the Python path would have raised."""
+    if kind == "protocol":
+        return ProtocolError(message)
+    if kind != "exception":
+        return Failure(kind, message)
+    exc = _TYPES.get(type_name, RuntimeError)(message)
+    if op:
+        exc.add_note(f"in {op}")
+    return exc
+
+
+_native.set_error_factory(to_exception)
+
+Executor = _native.Executor
