@@ -1,7 +1,7 @@
 """PyTorch's OpInfo database on remote_accel against CPU results: a report.
 
     python benchmarks/opinfo_report.py [--device cpu|cuda] [--samples K] [--limit N] [--ops NAME,...]
-        [--grad] [--grad-samples K] [--dtypes float64,bfloat16,...|all] [--json]
+        [--grad] [--grad-samples K] [--dtypes float64,bfloat16,...|all] [--json|--markdown]
 
 Starts a server (on CPU unless --device says otherwise), and for each op_db entry that supports float32 does what PyTorch's
 own `TestCommon.test_compare_cpu` does for an accelerator: makes the first K sample
@@ -134,6 +134,7 @@ def main() -> int:
                         help=f"comma-separated dtypes to sweep forward besides float32, or 'all' "
                              f"({','.join(OTHER_DTYPES)}); default: none")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--markdown", action="store_true", help="OPINFO.md's tables on stdout")
     args = parser.parse_args()
     dtypes = _dtypes(args.dtypes)
     warnings.filterwarnings("ignore")
@@ -170,17 +171,22 @@ def main() -> int:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
-    _print(report, args, server_type)
+    (_markdown if args.markdown else _print)(report, args, server_type)
     return 0
 
 
-def _print(report: dict, args, server_type: str) -> None:
+def _sections(report: dict, args) -> list:
     sections = [("float32", report, f"{args.samples} samples per entry, each run twice")]
     if "gradients" in report:
         sections.append(("float32 outputs and input gradients", report["gradients"],
                          f"{args.grad_samples} samples per entry"))
     sections += [(name, section, f"{args.samples} samples per entry, each run twice")
                  for name, section in report["dtypes"].items()]
+    return sections
+
+
+def _print(report: dict, args, server_type: str) -> None:
+    sections = _sections(report, args)
     print(f"OpInfo on remote_accel (server on {args.device}) vs CPU (torch {torch.__version__}); "
           f"{report['calls_served_from_plans']} float32 op calls served from cached plans")
     for title, section, how in sections:
@@ -192,6 +198,24 @@ def _print(report: dict, args, server_type: str) -> None:
                            ("UNSUPPORTED ON SERVER", "unsupported_on_server")):
             for name, cause in section[key].items():
                 print(f"  {label} {name}: {cause}")
+
+
+def _markdown(report: dict, args, server_type: str) -> None:
+    sections = _sections(report, args)
+    print("| sweep | entries | compared | match | rate | skipped | no CPU reference | no kernel on server |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for title, s, _ in sections:
+        print(f"| {title} | {s['entries']} | {s['compared']} | {s['passed']} | {100 * s['pass_rate']:.2f}% | "
+              f"{len(s['skipped'])} | {len(s['no_cpu_reference'])} | {len(s['unsupported_on_server'])} |")
+    for title, s, how in sections:
+        print(f"\n### {title}\n\n{s['passed']}/{s['compared']} ({100 * s['pass_rate']:.2f}%), {how}.\n")
+        rows = [(label, name, cause) for label, key in (("fails", "failures"), ("no CPU reference", "no_cpu_reference"),
+                                                        ("skipped", "skipped"),
+                                                        ("no kernel on server", "unsupported_on_server"))
+                for name, cause in s[key].items()]
+        print("| entry | outcome | reason |\n|---|---|---|")
+        for label, name, cause in rows:
+            print(f"| `{name}` | {label} | {cause.replace('|', '/')} |")
 
 
 if __name__ == "__main__":
