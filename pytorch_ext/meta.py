@@ -229,8 +229,8 @@ def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> 
 
 
 def _stats_in_input_dtype(plan: Plan, args, positions) -> Plan:
-    x = args[0]
-    if x.dtype not in (torch.float16, torch.bfloat16):
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
         return plan
     if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args[1:]):
         return plan  # mixed precision: float32 statistics on CPU too
