@@ -37,6 +37,9 @@ MAX_PLANS = 1 << 16
 MAX_GRAPHS = 256
 MAX_GRAPH_NODES = 1 << 17
 _COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
+#: Ops whose kernels may flip an out= tensor's conj/neg bit instead of writing values:
+#: they stay on the Python path, where _settle_lazy_bits rewrites the bytes.
+_FLIPS_LAZY_BITS = frozenset({"aten::linalg_lu_solve.out"})
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
 
@@ -51,6 +54,27 @@ def flatten(result: Any) -> list:
                 flat.append(item)
         return flat
     return [result]
+
+
+def _settle_lazy_bits(decoded: list) -> None:
+    """Some kernels flip an out= tensor's conj or neg bit in place instead of writing the
+    values (CPU's linalg_lu_solve.out conjugates its result so). The client's tensor keeps
+    the flags it sent: rewrite the bytes so that, read with those flags, they hold the
+    values the kernel meant."""
+    for t, flags in decoded:
+        conj, neg = bool(flags & torch_values.FLAG_CONJ), bool(flags & torch_values.FLAG_NEG)
+        if t.is_conj() == conj and t.is_neg() == neg:
+            continue
+        values = t.resolve_conj().resolve_neg()
+        if values.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            values = values.clone()
+        target = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        if conj:
+            target = target.conj()
+        if neg:
+            target = torch._neg_view(target)
+        target.copy_(values)
 
 
 def _count_holes(value: Any) -> int:
@@ -127,12 +151,16 @@ class Executor:
         return self._python_ops + self.native.ops_done()
 
     # -- arguments ----------------------------------------------------------------------------
-    def decode(self, value: Any, touched: list, graph_values: Optional[list] = None) -> Any:
+    def decode(self, value: Any, touched: list, graph_values: Optional[list] = None,
+               decoded: Optional[list] = None) -> Any:
         def resolve(code: int, payload: Any) -> Any:
             if code == torch_values.TENSOR:
                 ref = parse_ref(payload)
                 touched.append(ref.sid)
-                return self._tensor(ref)
+                t = self._tensor(ref)
+                if decoded is not None:
+                    decoded.append((t, ref.flags))
+                return t
             if code == torch_values.GENERATOR:
                 return self.generators.resolve(payload)
             if code == torch_values.DEVICE:
@@ -168,8 +196,9 @@ class Executor:
         touched: list = []
         try:
             resolved = ops.resolve(msg.op)
-            args = self.decode(msg.args, touched)
-            kwargs = self.decode(msg.kwargs, touched)
+            decoded: list = []
+            args = self.decode(msg.args, touched, decoded=decoded)
+            kwargs = self.decode(msg.kwargs, touched, decoded=decoded)
             if msg.reply:
                 self._check_reply_outs(msg.outs)
             else:
@@ -177,6 +206,7 @@ class Executor:
             if msg.stream is not None and resolved.seeded:
                 self._sync_default_stream(msg.stream)
             flat = flatten(self._call(resolved, args, kwargs))
+            _settle_lazy_bits(decoded)
             self._python_ops += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
         except BaseException:
@@ -212,7 +242,7 @@ class Executor:
         if msg.op in _COPY_FROM:
             fn = torch.ops.aten._copy_from.default
         if (not isinstance(fn, torch._ops.OpOverload) or resolved.generator_index is not None
-                or resolved.seeded):
+                or resolved.seeded or msg.op in _FLIPS_LAZY_BITS):
             raise _NotNative
         holes: list = []
         placeholders: list = []
