@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
@@ -31,6 +32,7 @@ from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from . import failure
+from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
 from .rng import Generators
@@ -74,6 +76,8 @@ class Session:
         self.device = server.device
         self.client = "?"
         self.admitted = False  # counted by the server (authenticated, under max_clients)
+        self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
+        self.counters = SessionCounters()
         self.table = StorageTable(self.device, server.session_limit)
         self.executor: Optional[Executor] = None  # made in the session's own thread
         self.pending: Optional[m.ErrorReply] = None
@@ -284,6 +288,7 @@ class Session:
 
     def _fail(self, exc: BaseException) -> None:
         """Keep the first error of one-way work for the next sync point."""
+        self.counters.error(exc)
         if self.pending is None:
             self.pending = self._error_reply(exc)
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
@@ -313,11 +318,14 @@ class Session:
             self._send(m.ErrorReply(failure.PROTOCOL, str(exc), ""), msg.req_id)
             return
         writes = iter(plan or ())
+        start = time.perf_counter()
         for item in items:
             try:
                 self._execute(item, writes)
             except Exception as exc:
                 self._fail(exc)
+        if msg.type == MsgType.BATCH:  # counted per batch, not per op: the hot path stays cheap
+            self.counters.batch(time.perf_counter() - start)
 
     def _execute(self, item, writes) -> None:
         kind = type(item)
@@ -364,6 +372,7 @@ class Session:
         except TransportError:
             raise
         except Exception as exc:
+            self.counters.error(exc)
             self._send(self._error_reply(exc), msg.req_id)
 
     def _on_read(self, request: m.ReadStorage, msg: Message, plan) -> None:
