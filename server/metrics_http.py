@@ -44,6 +44,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"  # one request per connection: nothing to keep alive
     server_version = "remote-accel-metrics"
     sys_version = ""
+    default_request_version = "HTTP/1.0"  # errors for a request line without one get a status line
+    error_content_type = "text/plain; charset=utf-8"
+    error_message_format = "%(code)d %(message)s: %(explain)s\n"
 
     def setup(self) -> None:
         super().setup()
@@ -124,6 +127,7 @@ class MetricsServer(ThreadingHTTPServer):
     start(registry), in threads of its own."""
 
     daemon_threads = True
+    request_queue_size = 64  # socketserver's 5 makes a burst of connections wait for SYN retries
 
     def __init__(self, host: str, port: int, max_connections: int = MAX_CONNECTIONS):
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
