@@ -44,6 +44,7 @@ class ServerCollector:
         server = self.server
         sessions, totals, listeners = server.snapshot()
         sessions = [s for s in sessions if s.slot >= 0]
+        wire = {s: wire_bytes(s.transport) for s in sessions}  # one read of each transport
         device = server.device
 
         info = InfoMetricFamily("remote_accel_server", "The server's version and torch device.")
@@ -77,13 +78,13 @@ class ServerCollector:
         for kind, n in sorted(errors.items()):
             family.add_metric([kind], n)
         yield family
-        yield from _bytes(sessions, totals, listeners)
-        yield from self._clients(sessions)
+        yield from _bytes(wire, totals, listeners)
+        yield from self._clients(wire)
         if server.device_error is None:  # a lost CUDA context may abort on any call
             yield from device_figures(device)
 
-    def _clients(self, sessions: list):
-        by_slot = {s.slot: s for s in sessions}
+    def _clients(self, wire: dict):
+        by_slot = {s.slot: s for s in wire}
         self._slots_seen = max([self._slots_seen] + [slot + 1 for slot in by_slot])
         memory = GaugeMetricFamily("remote_accel_memory_bytes", "Bytes a client holds on the device; 0 for a "
                                                                 "slot no client holds now.", labels=["client"])
@@ -104,7 +105,7 @@ class ServerCollector:
             info.add_metric(label, {"transport": transport_kind(s.transport)})
             start.add_metric(label, s.counters.started)
             ops.add_metric(label, s.ops_done)
-            rx, tx = wire_bytes(s.transport)
+            rx, tx = wire[s]
             received.add_metric(label, rx)
             sent.add_metric(label, tx)
         yield from (info, start, ops, received, sent)
@@ -121,15 +122,14 @@ def _histogram(buckets: list, seconds: float) -> HistogramMetricFamily:
     return family
 
 
-def _bytes(sessions: list, totals, listeners: list):
+def _bytes(wire: dict, totals, listeners: list):
     received, sent = dict(totals.bytes_received), dict(totals.bytes_sent)
     for listener in listeners:  # every served transport has a series, 0 before its first client
         kind = transport_kind(listener)
         received.setdefault(kind, 0)
         sent.setdefault(kind, 0)
-    for s in sessions:
+    for s, (rx, tx) in wire.items():
         kind = transport_kind(s.transport)
-        rx, tx = wire_bytes(s.transport)
         received[kind] = received.get(kind, 0) + rx
         sent[kind] = sent.get(kind, 0) + tx
     for name, values, what in (("remote_accel_bytes_received", received, "received from"),

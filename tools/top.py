@@ -43,6 +43,9 @@ class ScrapeError(RemoteAccelError):
 
 # -- reading the endpoint ----------------------------------------------------------------------
 def url_of(server: str) -> str:
+    """HOST:PORT (or HOST, port 18516) -> its /metrics URL; an http:// URL is taken as it is."""
+    if server.startswith("http://"):
+        return server
     try:
         host, port = config.parse_host_port(server, default_port=config.DEFAULT_METRICS_PORT)
     except ConfigError as exc:
@@ -222,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ra-top", description=__doc__.split("\n\n")[1],
                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", type=url_of, default=url_of(config.DEFAULT_METRICS), metavar="HOST:PORT",
-                   help="the server's metrics endpoint (its --metrics), port 1..65535 "
+                   help="the server's metrics endpoint (its --metrics), port 1..65535, or its http:// URL "
                         f"(default: {config.DEFAULT_METRICS})")
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     p.add_argument("--json", action="store_true",

@@ -83,8 +83,11 @@ def test_counters_move_by_what_a_client_did(server):
                 items.append(m.RunOp("aten::add.Tensor", encode_arg((x, x)), {}, encode_arg((outs[-1],)), False))
             client.batch(*items)
         assert client.sync() == BATCHES * OPS_PER_BATCH
-        during = scrape(server.metrics_url)
         wire = client.transport.stats()
+        # the server counts a reply's bytes once its send returned, which may be a moment
+        # after the client has the reply: wait for that moment
+        during = settled(server, lambda s: s.value("remote_accel_client_bytes_sent_total") == wire["rx_bytes"],
+                         "the SYNC_OK counted")
         slot = next(iter(during.labels("remote_accel_client_info", "client")))
         expected_memory = (1 + len(outs)) * N * 4
         assert client.stats()["memory_allocated"] == expected_memory

@@ -74,7 +74,7 @@ def test_once_json_against_a_real_server(server, busy_client):
 
 
 def test_once_table(server, busy_client):
-    out = ra_top("--server", address(server), "--once", "--interval", "0.2")
+    out = ra_top("--server", server.metrics_url, "--once", "--interval", "0.2")  # a URL works too
     assert out.returncode == 0, out.stderr
     header, clients = out.stdout.split("CLIENT", 1)
     assert "remote-accel-server" in header and "clients 1/64" in header
