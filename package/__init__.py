@@ -10,7 +10,7 @@ Importing this package is cheap and does not touch torch; `init()` loads the dev
 from ._version import __version__
 from .errors import RemoteAccelError
 
-__all__ = ["__version__", "RemoteAccelError", "init", "shutdown"]
+__all__ = ["__version__", "RemoteAccelError", "init", "shutdown", "stats"]
 
 
 def __getattr__(name):
@@ -20,4 +20,8 @@ def __getattr__(name):
         from . import pytorch_ext
 
         return getattr(pytorch_ext, name)
+    if name == "stats":  # the session's counters: torch.remote_accel.stats
+        from .pytorch_ext import device_module
+
+        return device_module.stats
     raise AttributeError(f"module 'remote_accel' has no attribute {name!r}")

@@ -14,6 +14,10 @@ ENV_TLS_KEY = "REMOTE_ACCEL_TLS_KEY"
 DEFAULT_TCP_PORT = 18515
 DEFAULT_TCP_SERVER = f"127.0.0.1:{DEFAULT_TCP_PORT}"
 DEFAULT_TIMEOUT_S = 10.0
+#: Where `remote-accel-server --metrics` serves Prometheus text and `ra-top` looks.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 18516
+DEFAULT_METRICS = f"{DEFAULT_METRICS_HOST}:{DEFAULT_METRICS_PORT}"
 
 
 def runtime_dir() -> str:

@@ -137,8 +137,36 @@ def max_memory_allocated(device=None) -> int:
     return int(_stats(device).get("max_memory_allocated", 0))
 
 
+#: memory_stats(): torch.cuda's key for each of the server's figures, then the server's own keys.
+_MEMORY_KEYS = {
+    "allocated_bytes.all.current": "memory_allocated",
+    "allocated_bytes.all.peak": "max_memory_allocated",
+    "allocation.all.current": "storages",
+    "limit_bytes": "memory_limit",
+}
+_SERVER_MEMORY_KEYS = ("memory_allocated", "max_memory_allocated", "memory_limit", "storages",
+                       "device_memory_allocated", "server_memory_allocated", "server_storages")
+
+
 def memory_stats(device=None) -> dict:
-    return dict(_stats(device))
+    """This client's memory on the server (one round trip), under torch.cuda.memory_stats()'
+    keys for what has a CUDA counterpart (so tools that log those work), then the server's
+    figures: memory_allocated, max_memory_allocated, memory_limit, storages,
+    device_memory_allocated (the device allocator's, None on a CPU server),
+    server_memory_allocated and server_storages (every client's)."""
+    values = _stats(device)
+    out = {key: values[name] for key, name in _MEMORY_KEYS.items() if name in values}
+    out.update((name, values[name]) for name in _SERVER_MEMORY_KEYS if name in values)
+    return out
+
+
+def stats(device=None) -> dict:
+    """The session's counters for `device` (default: the current one), without a round
+    trip: ops, batches, graphs, round_trips, bytes_up and bytes_down (tensor bytes
+    uploaded and read back), bytes_sent, bytes_received, messages_sent and
+    messages_received (everything on the wire). Also `remote_accel.stats()`."""
+    index = _index(device)
+    return runtime.session(current_device() if index < 0 else index).local_stats()
 
 
 def empty_cache() -> None:

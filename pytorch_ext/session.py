@@ -165,6 +165,20 @@ class Session:
     def stats(self) -> dict:
         return self._call(m.Stats(), m.StatsReply).values
 
+    def local_stats(self) -> dict:
+        """This session's counters (no round trip): `counters`, with the ops still in the C++
+        queue counted, plus the transport's bytes and messages each way (headers and
+        heartbeats included)."""
+        with self._lock:
+            if self._dead is None:
+                self._take_native()  # they are issued: they leave with the next batch
+            out = dict(self.counters)
+        wire = self.transport.stats()
+        for key, name in (("tx_bytes", "bytes_sent"), ("rx_bytes", "bytes_received"),
+                          ("tx_messages", "messages_sent"), ("rx_messages", "messages_received")):
+            out[name] = int(wire.get(key, 0))
+        return out
+
     def rng(self, action: str, generator, state: bytes = b"") -> bytes:
         return self._call(m.Rng(action, generator, state), m.RngReply).state
 

@@ -63,6 +63,18 @@ def parse_listen(text: str) -> tuple:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_metrics(text: str) -> tuple:
+    """HOST:PORT or a bare PORT (then on 127.0.0.1: metrics stay local unless told otherwise)."""
+    text = text.strip()
+    if text.isdigit():
+        text = f"{config.DEFAULT_METRICS_HOST}:{text}"
+    try:
+        host, port = config.parse_host_port(text, default_port=config.DEFAULT_METRICS_PORT)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return host, port
+
+
 def _int_range(lo: int, hi: int):
     def parse(text: str) -> int:
         try:
@@ -124,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mutual TLS: TCP clients must present a certificate signed by this CA")
     p.add_argument("--insecure", action="store_true",
                    help="allow TCP without TLS on an address that is not loopback (a network you trust)")
+    p.add_argument("--metrics", type=parse_metrics, nargs="?", const=parse_metrics(config.DEFAULT_METRICS),
+                   default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on "
+                        f"{config.DEFAULT_METRICS_HOST}, port 0..65535, 0 picks a free one; --metrics alone: "
+                        f"{config.DEFAULT_METRICS} (default: off)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
@@ -192,6 +209,29 @@ def open_listeners(args, eal: list) -> list:
     return listeners
 
 
+def open_metrics(address: Optional[tuple]):
+    """The metrics endpoint, bound but not serving yet; None without --metrics."""
+    if address is None:
+        return None
+    try:
+        from .metrics_http import MetricsServer
+    except ImportError as exc:
+        raise ConfigError(f"--metrics needs prometheus_client ({exc}): pip install prometheus_client") from None
+    host, port = address
+    try:
+        return MetricsServer(host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _say(line: str) -> None:
+    """A line for whoever started the server (tests read the addresses from it)."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        pass
+
+
 def _dpdk_listener(port: Optional[int], eal: list):
     from ..errors import UnavailableError
 
@@ -219,11 +259,15 @@ def main(argv: Optional[list] = None) -> int:
     from .service import Server
 
     token_file = args.token_file or config.default_token_file()
+    metrics = None
     try:
         device = ComputeDevice(parse_device(args.device))
         token = auth.load_or_create(token_file)
+        metrics = open_metrics(args.metrics)
         listeners = open_listeners(args, eal)
     except RemoteAccelError as exc:
+        if metrics is not None:
+            metrics.close()
         print(f"remote-accel-server: {exc}", file=sys.stderr)
         return 2
     server = Server(device, token, memory_limit=args.memory_limit, max_clients=args.max_clients,
@@ -233,15 +277,19 @@ def main(argv: Optional[list] = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
              "at most %d clients", __version__, device.name, server.session_limit, token_file, args.max_clients)
+    if metrics is not None:
+        from .metrics import registry
+
+        metrics.start(registry(server))
+        _say(f"serving metrics at {metrics.url}")
     for listener in listeners:
         server.serve(listener)
-        try:
-            print(f"listening on {listener.address}{' (TLS)' if getattr(listener, 'tls', False) else ''}", flush=True)
-        except BrokenPipeError:
-            pass
+        _say(f"listening on {listener.address}{' (TLS)' if getattr(listener, 'tls', False) else ''}")
     while not stop.wait(0.2):  # short waits: signal handlers run between them
         pass
     log.info("shutting down")
+    if metrics is not None:
+        metrics.close()
     server.shutdown()
     log.info("stopped")
     return 0

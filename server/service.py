@@ -15,6 +15,7 @@ import time
 
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
+from .counters import Totals
 from .device import ComputeDevice
 from .failure import EXIT_DEVICE_LOST
 from .session import HELLO_TIMEOUT_S, Session
@@ -50,6 +51,7 @@ class Server:
         self._next_number = 1
         self._ended_ops = 0
         self._ended_sessions = 0
+        self._ended = Totals()  # the metrics' figures of sessions that ended
 
     # -- listeners ----------------------------------------------------------------------------
     def serve(self, listener: Listener) -> None:
@@ -109,6 +111,9 @@ class Server:
         with self._lock:
             if len(self._admitted) >= self.max_clients or self.stopping:
                 return False
+            # the lowest free client slot: a metrics label that stays below max_clients
+            used = {s.slot for s in self._admitted}
+            session.slot = next(i for i in range(len(used) + 1) if i not in used)
             self._admitted.add(session)
             return True
 
@@ -119,6 +124,7 @@ class Server:
                 self._admitted.discard(session)
                 self._ended_sessions += 1
                 self._ended_ops += session.ops_done
+                self._ended.add(session)
 
     def stats(self) -> dict:
         """Server-wide figures (every session), added to each session's STATS reply."""
@@ -133,6 +139,11 @@ class Server:
             "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
             "max_clients": self.max_clients,
         }
+
+    def snapshot(self) -> tuple[list, Totals, list]:
+        """For the metrics: the admitted sessions, the totals of those that ended, the listeners."""
+        with self._lock:
+            return list(self._admitted), self._ended.copy(), list(self._listeners)
 
     # -- a lost device ----------------------------------------------------------------------
     def device_lost(self, exc: BaseException) -> str:

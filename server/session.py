@@ -27,6 +27,7 @@ from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from . import auth, failure, native
+from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
 from .placement import Desync, WriteTarget, batch_writes
@@ -61,6 +62,8 @@ class Session:
         self.device = server.device
         self.client = "?"
         self.admitted = False  # counted by the server (authenticated, under max_clients)
+        self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
+        self.counters = SessionCounters()
         self.table = StorageTable(self.device, server.session_limit)
         self.executor: Optional[Executor] = None  # made in the session's own thread
         self.pending: Optional[m.ErrorReply] = None
@@ -242,6 +245,7 @@ class Session:
 
     def _fail(self, exc: BaseException) -> None:
         """Keep the first error of one-way work for the next sync point."""
+        self.counters.error(exc)
         if self.pending is None:
             self.pending = self._error_reply(exc)
             log.debug("session %d: deferred %s error: %s", self.number, self.pending.kind, exc)
@@ -295,7 +299,10 @@ class Session:
         try:
             self._run_one_way(request, msg, plan)
         finally:
-            self.busy_ns += time.perf_counter_ns() - start
+            elapsed = time.perf_counter_ns() - start
+            self.busy_ns += elapsed
+            if msg.type == MsgType.BATCH:  # counted per batch, not per op: the hot path stays cheap
+                self.counters.batch(elapsed * 1e-9)
 
     def _run_one_way(self, request, msg: Message, plan) -> None:
         if type(request) is NativeBatch:
@@ -361,6 +368,7 @@ class Session:
         except TransportError:
             raise
         except Exception as exc:
+            self.counters.error(exc)
             self._send(self._error_reply(exc), msg.req_id)
 
     def _on_read(self, request: m.ReadStorage, msg: Message, plan) -> None:

@@ -21,9 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any, NamedTuple, Optional
 
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..dataplane import handshake
 from ..dataplane import messages as m
@@ -36,6 +38,7 @@ from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryE
 from .storage import span_bytes
 
 _LISTENING = re.compile(r"listening on (\S+)")
+_METRICS = re.compile(r"serving metrics at (\S+)")
 
 
 def reference_device(server_device: str) -> str:
@@ -72,6 +75,7 @@ class ServerProcess:
         self.args = [sys.executable, "-m", "remote_accel.server", *eal, "--", "--listen", "127.0.0.1:0",
                      "--device", self.device, "--token-file", self.token_file, *options]
         self.addresses: list[str] = []
+        self.metrics_url: Optional[str] = None  # with --metrics: http://HOST:PORT/metrics
         self._start_timeout = start_timeout
         self.runtime_dir = self._dir.name
         self._env = dict(os.environ, **self.client_env(), **(env or {}))
@@ -93,9 +97,13 @@ class ServerProcess:
                 pending += os.read(self.proc.stdout.fileno(), 4096)
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    match = _LISTENING.search(line.decode(errors="replace"))
+                    text = line.decode(errors="replace")
+                    match = _LISTENING.search(text)
                     if match:
                         self.addresses.append(match.group(1))
+                    match = _METRICS.search(text)  # printed before the listeners' lines
+                    if match:
+                        self.metrics_url = match.group(1)
         return self
 
     def client_env(self) -> dict:
@@ -143,6 +151,29 @@ class ServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
         self._dir.cleanup()
+
+
+class Scrape(dict):
+    """One scrape of a metrics endpoint: {sample name: [(labels, value)]}."""
+
+    def value(self, name: str, **labels) -> float:
+        """The sum of `name`'s samples whose labels include `labels` (0 when there are none)."""
+        return sum(v for have, v in self.get(name, ()) if all(have.get(k) == str(x) for k, x in labels.items()))
+
+    def labels(self, name: str, label: str) -> dict:
+        """{value of `label`: sample value} of `name`'s samples."""
+        return {have.get(label): v for have, v in self.get(name, ())}
+
+
+def scrape(url: str, timeout: float = 30.0) -> Scrape:
+    """GET a Prometheus endpoint (ServerProcess.metrics_url) and parse it with prometheus_client."""
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        text = reply.read().decode()
+    out = Scrape()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
 
 
 class Ref(NamedTuple):
