@@ -136,7 +136,8 @@ class Session:
         if not self.admitted:
             log.warning("refused %s (%s): %d clients already", self.transport.peer, self.client,
                         self.server.max_clients)
-            return self._refuse(msg, failure.BUSY, f"the server serves at most {self.server.max_clients} clients")
+            return self._refuse(msg, failure.BUSY, f"the server serves at most {self.server.max_clients} clients "
+                                                      "(its --max-clients option)")
         self._send(m.Welcome(self.number, self.device.name, self.server.memory_limit, SERVER_VERSION), msg.req_id)
         log.info("client connected: session %d, %s (%s)", self.number, self.transport.peer, self.client)
         return True
