@@ -98,7 +98,7 @@ def eal_args() -> Optional[list[str]]:
     return [a.decode() for a in ffi.buffer(buf, n)[:].split(b"\0")[:-1]]
 
 
-def eal_init(args=None, *, role: str = "client", memif_slots: int = memif_slots.MAX_SLOTS) -> list[str]:
+def eal_init(args=None, *, role: str = "client", memif_slots: int = memif_slots.DEFAULT_SLOTS) -> list[str]:
     """Start EAL with default_eal_args(role) merged with `args` (list or string);
     `memif_slots`: memif interfaces of a server's default arguments.
 
@@ -138,7 +138,7 @@ def _at_exit(runtime_dir: str) -> None:
     eal_files.remove_own(runtime_dir)
 
 
-def ensure_eal(args=None, *, role: str = "client", memif_slots: int = memif_slots.MAX_SLOTS) -> list[str]:
+def ensure_eal(args=None, *, role: str = "client", memif_slots: int = memif_slots.DEFAULT_SLOTS) -> list[str]:
     """EAL's arguments, starting it first if needed. Explicit `args` that EAL did not
     start with are an error (one EAL per process)."""
     with _eal_lock:
@@ -623,13 +623,13 @@ class DpdkListener(Listener):
     process's EAL (one per client slot), after starting EAL with server defaults.
 
     max_clients: the server's limit; its default EAL arguments get
-    memif_slots.slots_for(max_clients) memif interfaces, and the slots are published
+    memif_slots.slots_for(max_clients) memif interfaces (None: DEFAULT_SLOTS), published
     for local clients (memif_slots.py) while the listener is open."""
 
     def __init__(self, ports: Optional[Sequence[int]] = None, eal_args=None, *,
                  options: ChannelOptions = ChannelOptions(), max_clients: Optional[int] = None,
                  **transport_kwargs):
-        slots = memif_slots.slots_for(max_clients) if max_clients else memif_slots.MAX_SLOTS
+        slots = memif_slots.slots_for(max_clients) if max_clients else memif_slots.DEFAULT_SLOTS
         args = ensure_eal(eal_args, role="server", memif_slots=slots)
         vdevs = _eal_args.vdev_options(args)
         memif_servers = [p for p in range(port_count()) if vdevs.get(port_name(p), {}).get("role") == "server"]

@@ -107,7 +107,7 @@ def memif_vdev(index: int, role: str, if_id: int, sock_path: str, bsize: int = 0
 
 
 def default_eal_args(role: str = "client", *, socket_path: Optional[str] = None,
-                     slots: int = memif_slots.MAX_SLOTS, hugepages: Optional[bool] = None,
+                     slots: int = memif_slots.DEFAULT_SLOTS, hugepages: Optional[bool] = None,
                      lcores: str = "0@(0,1)", memif: bool = True) -> list[str]:
     """EAL arguments for a `role` of "client", "server" or "local" (no vdev: ring pairs).
 

@@ -27,6 +27,9 @@ from typing import Optional
 from ..errors import ConfigError
 
 MAX_SLOTS = 32
+#: Slots of a listener made without a --max-clients (tools, tests): few, so that ports
+#: remain for other devices in that process.
+DEFAULT_SLOTS = 4
 #: Locked bytes start past the text, so that rewriting the text never touches them.
 _LOCK_BASE = 1 << 16
 _FORMAT = "remote_accel memif slots v1"
