@@ -6,7 +6,9 @@
 
 Environment: REMOTE_ACCEL_TRANSPORT (auto|tcp|dpdk), REMOTE_ACCEL_SERVER (host:port for
 TCP), REMOTE_ACCEL_EAL_ARGS (EAL arguments, shell syntax). Every fallback from DPDK to
-TCP is logged with its reason.
+TCP is logged with its reason, once per process and reason: at INFO where TCP is simply
+what there is (no DPDK server on this host, DPDK not built), as a WARNING where a DPDK
+server exists but could not be used (full, or its connect failed): that the user can fix.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .transport import Listener, Transport
 
 log = logging.getLogger(__name__)
 TRANSPORTS = ("auto", "tcp", "dpdk")
+_said: set[str] = set()  # fallback reasons already logged by this process
 
 
 def _resolve(transport: Optional[str], eal_args) -> tuple[str, Optional[list]]:
@@ -62,15 +65,17 @@ def connect(transport: Optional[str] = "auto", server: Optional[str] = None, por
         from .dpdk import DpdkTransport
 
         return DpdkTransport.connect(port=port, eal_args=eal_args, timeout=timeout)
-    reason = _dpdk_unusable(eal_args)
+    reason, level = _dpdk_unusable(eal_args), logging.INFO
     if reason is None:
         try:
             from .dpdk import DpdkTransport
 
             return DpdkTransport.connect(port=port, eal_args=eal_args, timeout=timeout)
         except (PeerGone, DpdkError, ConfigError) as exc:
-            reason = f"DPDK connect failed: {exc}"
-    log.warning("transport auto: using TCP, not DPDK (%s)", reason)
+            reason, level = f"DPDK connect failed: {exc}", logging.WARNING
+    if reason not in _said:
+        _said.add(reason)
+        log.log(level, "transport auto: using TCP, not DPDK (%s)", reason)
     return _tcp_connect(server, timeout, **kwargs)
 
 

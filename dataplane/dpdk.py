@@ -30,7 +30,7 @@ import numpy as np
 from .._version import __version__
 from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, TransportTimeout, UnavailableError
 from . import eal_args as _eal_args
-from . import wire
+from . import eal_files, memif_slots, wire
 from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
 from .transport import Listener, Message, PayloadSink, Transport, byte_view
 
@@ -48,6 +48,10 @@ if _shim_version != __version__:
 
 log = logging.getLogger(__name__)
 
+#: mbufs of a client's pool (one ~16.5 KiB mbuf each over memif): a connection needs a
+#: window of frames each way plus the TX queue; the default (about 128 MiB of hugepages,
+#: sized for a server's many connections) would let only a few clients fit in 2 GiB.
+CLIENT_MBUFS = 2047
 HEAD_CAP = 64 << 10  # first bytes of a message copied in the first call (prologue + small payloads)
 _IOV_CACHED = 16
 _PEER_GONE = {errno.EPIPE, errno.ECONNRESET, errno.EHOSTDOWN, errno.ENOLINK, errno.ETIMEDOUT,
@@ -55,6 +59,7 @@ _PEER_GONE = {errno.EPIPE, errno.ECONNRESET, errno.EHOSTDOWN, errno.ENOLINK, err
 _eal_lock = threading.Lock()
 _groups = itertools.count(1)  # listen group 0 is for listeners made without one
 _added_vdevs: dict[str, str] = {}  # vdevs created after EAL start: name -> args
+_published: set[str] = set()  # memif sockets whose slots file this process wrote
 
 
 def dpdk_error(err: int, text: str) -> DpdkError:
@@ -78,8 +83,8 @@ def _drain_log() -> None:
     buf = ffi.new("char[]", 65536)
     n = lib.shim_log_read(buf, 65536)
     for line in ffi.buffer(buf, n)[:].decode(errors="replace").splitlines():
-        if line.strip():
-            log.info("dpdk: %s", line.strip())
+        if line.strip():  # DPDK's own chatter: details for debugging, not for users
+            log.debug("dpdk: %s", line.strip())
 
 
 # -- EAL -----------------------------------------------------------------------------
@@ -93,8 +98,9 @@ def eal_args() -> Optional[list[str]]:
     return [a.decode() for a in ffi.buffer(buf, n)[:].split(b"\0")[:-1]]
 
 
-def eal_init(args=None, *, role: str = "client") -> list[str]:
-    """Start EAL with default_eal_args(role) merged with `args` (list or string).
+def eal_init(args=None, *, role: str = "client", memif_slots: int = memif_slots.DEFAULT_SLOTS) -> list[str]:
+    """Start EAL with default_eal_args(role) merged with `args` (list or string);
+    `memif_slots`: memif interfaces of a server's default arguments.
 
     Raises DpdkError(EALREADY) if EAL already runs in this process: DPDK allows one
     EAL per process, for its lifetime, whatever the arguments.
@@ -105,25 +111,41 @@ def eal_init(args=None, *, role: str = "client") -> list[str]:
             raise dpdk_error(errno.EALREADY, "EAL is already initialised in this process (with "
                             f"{' '.join(current)}); DPDK allows one EAL per process")
         user = _eal_args.split_args(args)
-        full = _eal_args.merge_eal_args(_eal_args.default_eal_args(role, memif=not _has_device(user)), user)
+        defaults = _eal_args.default_eal_args(role, memif=not _has_device(user), slots=memif_slots)
+        full = _eal_args.merge_eal_args(defaults, user)
+        eal_files.sweep_dead()
         argv = [ffi.new("char[]", a.encode()) for a in full]
         rc = lib.shim_eal_init(len(argv), ffi.new("char *[]", argv))
         _drain_log()
         if rc < 0:
             raise dpdk_error(-rc, f"EAL init failed ({os.strerror(-rc)}) with arguments: {' '.join(full)}")
-        atexit.register(lib.shim_shutdown)
+        atexit.register(_at_exit, _runtime_dir())
         log.info("EAL started: %s", " ".join(full))
         return full
 
 
-def ensure_eal(args=None, *, role: str = "client") -> list[str]:
+def _runtime_dir() -> str:
+    buf = ffi.new("char[]", 4096)
+    return ffi.string(buf).decode() if lib.shim_eal_runtime_dir(buf, 4096) >= 0 else ""
+
+
+def _at_exit(runtime_dir: str) -> None:
+    """Say goodbye on every connection, close the ports (a memif server's socket goes
+    with them), then remove what EAL made on disk: nothing of this process stays."""
+    lib.shim_shutdown()
+    for sock in list(_published):
+        memif_slots.unpublish(sock)
+    eal_files.remove_own(runtime_dir)
+
+
+def ensure_eal(args=None, *, role: str = "client", memif_slots: int = memif_slots.DEFAULT_SLOTS) -> list[str]:
     """EAL's arguments, starting it first if needed. Explicit `args` that EAL did not
     start with are an error (one EAL per process)."""
     with _eal_lock:
         current = eal_args()
     if current is None:
         try:
-            return eal_init(args, role=role)
+            return eal_init(args, role=role, memif_slots=memif_slots)
         except DpdkError as exc:
             if exc.errno != errno.EALREADY:  # another thread won the race
                 raise
@@ -382,7 +404,7 @@ class DpdkTransport(Transport):
         Raises PeerGone when no server answers within `timeout`, DpdkError for DPDK failures.
         """
         ensure_eal(eal_args, role="client")
-        setup_port(port)
+        setup_port(port, n_mbufs=CLIENT_MBUFS)
         out = ffi.new("struct shim_conn **")
         rc = lib.shim_connect(port, options.cdata(), int(timeout * 1e9), out)
         if rc in (-errno.ETIMEDOUT, -errno.ENOLINK):
@@ -598,15 +620,21 @@ class _PairPorts:
 
 class DpdkListener(Listener):
     """Accepts clients on DPDK ports: by default every memif server interface of this
-    process's EAL (one per client slot), after starting EAL with server defaults."""
+    process's EAL (one per client slot), after starting EAL with server defaults.
+
+    max_clients: the server's limit; its default EAL arguments get
+    memif_slots.slots_for(max_clients) memif interfaces (None: DEFAULT_SLOTS), published
+    for local clients (memif_slots.py) while the listener is open."""
 
     def __init__(self, ports: Optional[Sequence[int]] = None, eal_args=None, *,
-                 options: ChannelOptions = ChannelOptions(), **transport_kwargs):
-        args = ensure_eal(eal_args, role="server")
+                 options: ChannelOptions = ChannelOptions(), max_clients: Optional[int] = None,
+                 **transport_kwargs):
+        slots = memif_slots.slots_for(max_clients) if max_clients else memif_slots.DEFAULT_SLOTS
+        args = ensure_eal(eal_args, role="server", memif_slots=slots)
+        vdevs = _eal_args.vdev_options(args)
+        memif_servers = [p for p in range(port_count()) if vdevs.get(port_name(p), {}).get("role") == "server"]
         if ports is None:  # the memif server interfaces, else every port
-            vdevs = _eal_args.vdev_options(args)
-            ports = [p for p in range(port_count())
-                     if vdevs.get(port_name(p), {}).get("role") == "server"] or list(range(port_count()))
+            ports = memif_servers or list(range(port_count()))
         if not ports:
             raise dpdk_error(errno.ENODEV, f"no DPDK port to listen on (EAL args: {' '.join(args)})")
         self._group = next(_groups) % 16 or 1
@@ -618,6 +646,21 @@ class DpdkListener(Listener):
             setup_port(p)
             _check(lib.shim_listen(p, options.cdata(self._group)), "listen", p)
         self.address = "dpdk:" + ",".join(port_name(p) for p in self._ports)
+        self._sockets = self._publish([p for p in self._ports if p in memif_servers], vdevs, slots)
+
+    @staticmethod
+    def _publish(ports: list, vdevs: dict, slots: int) -> list:
+        """Tell local clients how many memif slots each socket has (memif_slots.py)."""
+        per_socket: dict[str, int] = {}
+        for p in ports:
+            sock = vdevs[port_name(p)].get("socket")
+            if sock:
+                per_socket[sock] = per_socket.get(sock, 0) + 1
+        for sock, n in per_socket.items():
+            limited_by = "max_clients" if n < memif_slots.MAX_SLOTS and n <= slots else "ports"
+            memif_slots.publish(sock, n, limited_by)
+            _published.add(sock)
+        return list(per_socket)
 
     def accept(self, timeout: Optional[float] = None) -> DpdkTransport:
         if self._closed:
@@ -636,6 +679,9 @@ class DpdkListener(Listener):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            for sock in self._sockets:
+                memif_slots.unpublish(sock)
+                _published.discard(sock)
             for p in self._ports:
                 lib.shim_unlisten(p)
             lib.shim_accept_cancel(self._group)

@@ -9,34 +9,31 @@ Defaults, and why:
 - `--lcores 0@(0,1)`: EAL pins the calling thread (Python's main thread) to its main
   lcore; letting lcore 0 float over both CPUs keeps Python's threads unpinned.
 - a memif vdev on `config.default_memif_socket()`: role=server with one interface per
-  client slot (memif is point-to-point), role=client on the first interface id that no
-  other local client holds (a lock file per id, held for the life of the process).
+  client slot (memif is point-to-point; the server sizes them from --max-clients),
+  role=client on the first slot no other local client holds (memif_slots.py).
 """
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import re
 import shlex
-import socket
 from typing import Iterable, Optional, Sequence
 
 from .. import config
 from ..errors import ConfigError
+from . import memif_slots
 
 #: memif buffer size: one frame per buffer, never chained (memif 22.11 loses and
 #: duplicates frames spread over several buffers). Frames carry bsize - 98 bytes.
 #: REMOTE_ACCEL_MEMIF_BSIZE overrides it (both ends should agree; they use the smaller).
 MEMIF_BSIZE = int(os.environ.get("REMOTE_ACCEL_MEMIF_BSIZE", 16384))
-DEFAULT_CLIENT_SLOTS = 4
 NO_HUGE_MEMORY_MB = 1024
 MIN_FREE_HUGEPAGE_MB = 512
 RING_PAIR_MAX_FRAME = 16384  # same mbuf pool as memif
 
 _prefix_counter = itertools.count()
-_held_locks: dict[str, int] = {}
 
 
 def memif_rsize(bsize: int) -> int:
@@ -68,41 +65,39 @@ def split_args(args) -> list[str]:
     return [str(a) for a in args]
 
 
-def memif_socket_in_use(path: str) -> bool:
-    """True if a server listens on this memif socket; a stale file is removed."""
-    if not os.path.exists(path):
-        return False
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def _listening_unix_sockets() -> set[str]:
+    """Names of the listening Unix sockets of this network namespace ("@name" for the
+    abstract ones), from /proc/net/unix."""
+    out = set()
     try:
-        s.connect(path)
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 8 and int(fields[3], 16) & 0x10000:  # __SO_ACCEPTCON
+                    out.add(fields[7])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def memif_socket_in_use(path: str) -> bool:
+    """True if a server listens on this memif socket; a stale file is removed.
+
+    Read from /proc/net/unix, never by connecting: a connection to a memif server's
+    control socket that says nothing and closes can make DPDK 22.11's interrupt thread
+    panic (epoll_ctl on a closed fd) in the server once clients come and go. memif puts
+    its socket in the abstract namespace by default (socket-abstract=yes: no file, and
+    nothing left when the server dies); with socket-abstract=no it is a file."""
+    listening = _listening_unix_sockets()
+    if "@" + path in listening or path in listening:
         return True
-    except (ConnectionRefusedError, FileNotFoundError):
+    if os.path.exists(path):
         try:
             os.unlink(path)  # left behind by a server that died
         except OSError:
             pass
-        return False
-    except OSError:
-        return True
-    finally:
-        s.close()
-
-
-def claim_memif_id(sock_path: str, slots: int) -> int:
-    """The first memif interface id no other local client holds (lock files)."""
-    for i in range(slots):
-        lock_path = f"{sock_path}.id{i}.lock"
-        if lock_path in _held_locks:
-            return i  # this process holds it already
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        _held_locks[lock_path] = fd  # released when the process exits
-        return i
-    raise ConfigError(f"all {slots} memif client slots on {sock_path} are taken by local clients")
+    return False
 
 
 def memif_vdev(index: int, role: str, if_id: int, sock_path: str, bsize: int = 0) -> str:
@@ -112,12 +107,14 @@ def memif_vdev(index: int, role: str, if_id: int, sock_path: str, bsize: int = 0
 
 
 def default_eal_args(role: str = "client", *, socket_path: Optional[str] = None,
-                     slots: int = DEFAULT_CLIENT_SLOTS, hugepages: Optional[bool] = None,
+                     slots: int = memif_slots.DEFAULT_SLOTS, hugepages: Optional[bool] = None,
                      lcores: str = "0@(0,1)", memif: bool = True) -> list[str]:
     """EAL arguments for a `role` of "client", "server" or "local" (no vdev: ring pairs).
 
+    slots: memif interfaces of a server (clients read the server's count).
     hugepages: None to decide by /proc/meminfo. Raises ConfigError when a server
-    already listens on the socket (role server) or no client slot is free (client).
+    already listens on the socket (role server), memif_slots.MemifSlotsFull when live
+    local clients hold every slot of the server (client).
     """
     if role not in ("client", "server", "local"):
         raise ConfigError(f"EAL role must be client, server or local, not {role!r}")
@@ -131,9 +128,11 @@ def default_eal_args(role: str = "client", *, socket_path: Optional[str] = None,
         if role == "server":
             if memif_socket_in_use(sock_path):
                 raise ConfigError(f"another server already listens on memif socket {sock_path}")
+            if not 1 <= slots <= memif_slots.MAX_SLOTS:
+                raise ConfigError(f"memif slots must be 1..{memif_slots.MAX_SLOTS}, not {slots}")
             args += [memif_vdev(i, "server", i, sock_path) for i in range(slots)]
         else:
-            args.append(memif_vdev(0, "client", claim_memif_id(sock_path, slots), sock_path))
+            args.append(memif_vdev(0, "client", memif_slots.claim(sock_path), sock_path))
     return args
 
 

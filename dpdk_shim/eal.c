@@ -154,6 +154,22 @@ shim_eal_args(char *buf, size_t cap)
 	return (int)eal_argv_len;
 }
 
+int
+shim_eal_runtime_dir(char *buf, size_t cap)
+{
+	const char *dir;
+	size_t n;
+
+	if (!shim_eal_initialized())
+		return -ENODEV;
+	dir = rte_eal_get_runtime_dir();
+	n = strlen(dir) + 1;
+	if (buf == NULL || cap < n)
+		return -ENOSPC;
+	memcpy(buf, dir, n);
+	return (int)n - 1;
+}
+
 void *
 shim_mem_alloc(uint64_t size, uint32_t align)
 {

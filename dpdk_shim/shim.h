@@ -27,6 +27,8 @@ int shim_eal_init(int argc, char **argv);
 int shim_eal_initialized(void);
 /* The arguments of the successful init, NUL-separated; returns the bytes needed. */
 int shim_eal_args(char *buf, size_t cap);
+/* EAL's runtime folder of this process (/var/run/dpdk/<file-prefix>); bytes copied. */
+int shim_eal_runtime_dir(char *buf, size_t cap);
 /* DPDK log lines since the last call (newline-separated); returns bytes copied. */
 int shim_log_read(char *buf, size_t cap);
 /* Stop the poll thread, say GOODBYE on every open connection, close the ports. */

@@ -17,7 +17,9 @@
 #include "shim.h"
 
 #define SHIM_MAX_PORTS 32
-#define SHIM_MAX_CONNS 64          /* per port */
+/* Connections per port: a NIC port serves every remote client of the server
+ * (--max-clients goes to 4096, plus those still in their handshake). */
+#define SHIM_MAX_CONNS 4160
 #define SHIM_BURST 32
 #define SHIM_TXQ_CAP 512           /* frames queued for tx_burst per port */
 #define SHIM_HOLD_MAX 8            /* frames a reorder fault may hold back */

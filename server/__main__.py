@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes each client may hold on the device, suffixes K, M, G, T (binary) accepted; "
                         "0: no limit but the device's own memory (default: 0)")
     p.add_argument("--max-clients", type=_int_range(1, 4096), default=DEFAULT_MAX_CLIENTS, metavar="N",
-                   help=f"clients served at once, 1..4096 (default: {DEFAULT_MAX_CLIENTS})")
+                   help="clients served at once, over every transport, 1..4096; with --transport dpdk "
+                        "and no EAL options also the local memif client slots, at most 32 (DPDK's "
+                        f"ports per process) (default: {DEFAULT_MAX_CLIENTS})")
     p.add_argument("--heartbeat-timeout", type=_seconds, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                    help="a client that sends nothing for this long is dropped and its memory freed, "
                         f"0.1..86400 (default: {DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})")
@@ -182,7 +184,7 @@ def is_loopback(host: str) -> bool:
 def open_listeners(args, eal: list) -> list:
     listeners = []
     if "dpdk" in args.transport:
-        listeners.append(_dpdk_listener(args.port, eal))
+        listeners.append(_dpdk_listener(args.port, eal, args.max_clients))
     elif eal:
         log.warning("EAL options ignored: DPDK is not among the transports (%s)", ",".join(args.transport))
     if args.tls_cert and "tcp" not in args.transport:
@@ -232,7 +234,7 @@ def _say(line: str) -> None:
         pass
 
 
-def _dpdk_listener(port: Optional[int], eal: list):
+def _dpdk_listener(port: Optional[int], eal: list, max_clients: int):
     from ..errors import UnavailableError
 
     try:
@@ -240,8 +242,8 @@ def _dpdk_listener(port: Optional[int], eal: list):
     except ImportError as exc:  # UnavailableError is one: the shim is not built, or DPDK is absent
         raise UnavailableError(f"--transport dpdk is not available here ({exc}); use --transport tcp") from None
     # No --port: every memif server interface of the default EAL arguments (one per client
-    # slot), or every port the user's EAL options create.
-    return DpdkListener(ports=None if port is None else [port], eal_args=eal or None)
+    # slot, min(max_clients, 32) of them), or every port the user's EAL options create.
+    return DpdkListener(ports=None if port is None else [port], eal_args=eal or None, max_clients=max_clients)
 
 
 def main(argv: Optional[list] = None) -> int:

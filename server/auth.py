@@ -94,7 +94,8 @@ def handshake(session: "Session") -> bool:
     session.admitted = server.admit(session)
     if not session.admitted:
         log.warning("refused %s (%s): %d clients already", transport.peer, session.client, server.max_clients)
-        return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients")
+        return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients "
+                                                       "(its --max-clients option)")
     proof = hs.server_proof(server.token, hello.nonce, nonce)
     _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof),
           req_id)

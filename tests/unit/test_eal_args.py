@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from remote_accel.dataplane import eal_args as ea
+from remote_accel.dataplane import memif_slots
 from remote_accel.errors import ConfigError
 
 
@@ -66,19 +67,62 @@ def test_user_arguments_replace_conflicting_defaults(runtime, user, gone, kept):
     assert len([m for m in merged if m.startswith("--file-prefix")]) == 1
 
 
-def test_memif_slots_are_claimed_per_process(runtime):
+def test_memif_slots_are_claimed_per_process_and_freed_when_it_dies(runtime):
     sock = str(runtime / "memif.sock")
+    memif_slots.publish(sock, 2, "max_clients")
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys; from remote_accel.dataplane import eal_args as ea;"
-                               f"print(ea.claim_memif_id({sock!r}, 4), flush=True); sys.stdin.read()"],
+                               "import sys; from remote_accel.dataplane import memif_slots as ms;"
+                               f"print(ms.claim({sock!r}), flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "0"
-        mine = ea.claim_memif_id(sock, 4)
-        assert mine == 1 and ea.claim_memif_id(sock, 4) == 1  # this process keeps its slot
-    finally:
-        holder.stdin.close()
+        assert memif_slots.claim(sock) == 1 and memif_slots.claim(sock) == 1  # this process keeps its slot
+        assert memif_slots.held_slots(sock) == [0, 1]
+        memif_slots.release(sock)
+        memif_slots.claim(sock)
+        other = subprocess.run([sys.executable, "-c", "import sys; from remote_accel.dataplane import memif_slots"
+                                f" as ms; ms.claim({sock!r})"], capture_output=True, text=True)
+        assert "is full: all 2 memif client slots are taken" in other.stderr
+        assert "--max-clients (now 2)" in other.stderr
+        holder.kill()
         holder.wait(10)
+        assert memif_slots.held_slots(sock) == [1]  # the killed process's slot is free at once
+    finally:
+        memif_slots.release(sock)
+        holder.kill()
+        holder.wait(10)
+    assert sorted(os.listdir(runtime)) == ["memif.sock.slots"]  # one file, the server's
+    memif_slots.unpublish(sock)
+    assert os.listdir(runtime) == []
+
+
+def test_slots_limited_by_ports_say_so(runtime):
+    sock = str(runtime / "memif.sock")
+    memif_slots.publish(sock, 1, "ports")
+    fd = os.open(memif_slots.slots_path(sock), os.O_RDWR)
+    try:
+        assert memif_slots._try_lock(fd, 0)  # another open file: another client, as far as locks go
+        with pytest.raises(memif_slots.MemifSlotsFull, match="DPDK's limit of ports.*transport='tcp'"):
+            memif_slots.claim(sock)
+    finally:
+        os.close(fd)
+        memif_slots.unpublish(sock)
+    assert memif_slots.slots_for(2) == 2 and memif_slots.slots_for(64) == memif_slots.MAX_SLOTS
+
+
+def test_without_a_server_a_client_takes_id_zero_and_writes_nothing(runtime):
+    args = ea.default_eal_args("client", hugepages=True)
+    assert ea.vdev_options(args)["net_memif0"]["id"] == "0"
+    assert os.listdir(runtime) == []
+
+
+def test_server_start_removes_old_per_id_lock_files(runtime):
+    sock = str(runtime / "memif.sock")
+    (runtime / "memif.sock.id0.lock").write_text("")
+    memif_slots.publish(sock, 4, "max_clients")
+    assert sorted(os.listdir(runtime)) == ["memif.sock.slots"]
+    assert memif_slots.read_slots(sock) == {"slots": 4, "limited_by": "max_clients"}
+    memif_slots.unpublish(sock)
 
 
 def test_stale_memif_socket_is_removed_live_one_is_reported(runtime):
@@ -92,6 +136,22 @@ def test_stale_memif_socket_is_removed_live_one_is_reported(runtime):
     s.close()  # the file stays behind, like a server that died
     assert os.path.exists(path) and not ea.memif_socket_in_use(path)
     assert not os.path.exists(path)
+
+
+def test_abstract_memif_socket_is_seen_without_connecting(runtime):
+    """memif's default socket is abstract (no file); probing must not connect to it."""
+    path = str(runtime / "memif.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind("\0" + path)
+    s.listen(1)
+    s.setblocking(False)
+    try:
+        assert ea.memif_socket_in_use(path)
+        with pytest.raises(BlockingIOError):
+            s.accept()  # nobody knocked
+    finally:
+        s.close()
+    assert not ea.memif_socket_in_use(path)
 
 
 def test_frame_sizes_from_vdev_arguments():
