@@ -40,15 +40,16 @@ def register_device() -> None:
 def _start_autograd_device_threads(native) -> None:
     """PyTorch's autograd engine makes its per-device worker queues once, at the first
     backward of the process, for as many devices as each registered device type reports
-    then. Start it now, with room for every remote_accel device there may ever be, so
-    that a later init(servers=[...]) with more servers still finds a queue per device.
-    (If a backward already ran before this, it is too late: check_autograd_queues says so.)"""
+    then. Start it now (a CPU backward), with room for every remote_accel device there
+    may ever be; if a backward already ran before remote_accel existed, the engine has
+    too few queues, and ensure_autograd_queues adds the missing ones."""
     native.set_device_count(native.MAX_DEVICES)
     try:
         leaf = torch.zeros((), requires_grad=True)
         (leaf * 1).backward()
     finally:
         native.set_device_count(1)
+    native.ensure_autograd_queues(native.MAX_DEVICES)
 
 
 def check_autograd_queues(device_count: int) -> None:

@@ -1,6 +1,8 @@
 """`torch.remote_accel`: the device module, mirroring `torch.cuda` where it makes sense.
 
-Memory figures are the server's (one round trip each).
+Before `remote_accel.init()`, `is_available()` is False and `device_count()` 0.
+`memory_allocated()` counts, as on CUDA, every live storage of the session from the
+moment it is allocated (no round trip); `memory_stats()` adds the server's own figures.
 """
 
 from __future__ import annotations
@@ -68,10 +70,15 @@ class device(contextlib.ContextDecorator):
         return False
 
 
-def synchronize(device=None) -> None:
-    """Wait until the server finished every op sent so far; raise the first error."""
+def synchronize(device=None, timeout=None) -> None:
+    """Wait until the server finished every op sent so far; raise the first error.
+
+    It waits as long as the work takes (a dead or frozen server is detected by missing
+    heartbeats). timeout: seconds after which to give up with DeadlineExceeded; the work
+    goes on on the server and the session stays usable.
+    """
     index = _index(device)
-    runtime.session(current_device() if index < 0 else index).sync()
+    runtime.session(current_device() if index < 0 else index).sync(timeout=timeout)
 
 
 # -- random numbers ------------------------------------------------------------------------------
@@ -129,16 +136,33 @@ def _stats(device) -> dict:
     return runtime.session(current_device() if index < 0 else index).stats()
 
 
+def _counted(device) -> tuple[int, int]:
+    index = _index(device)
+    index = current_device() if index < 0 else index
+    runtime.session(index)  # raises when not initialised
+    return _C.memory_allocated(index)
+
+
 def memory_allocated(device=None) -> int:
-    return int(_stats(device).get("memory_allocated", 0))
+    return _counted(device)[0]
 
 
 def max_memory_allocated(device=None) -> int:
-    return int(_stats(device).get("max_memory_allocated", 0))
+    return _counted(device)[1]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    index = _index(device)
+    _C.reset_peak_memory(current_device() if index < 0 else index)
 
 
 def memory_stats(device=None) -> dict:
-    return dict(_stats(device))
+    """The client's counts, and the server's view of this session as `server_*`."""
+    stats = dict(_stats(device))
+    stats["server_session_memory_allocated"] = stats.pop("memory_allocated", 0)
+    stats["server_session_max_memory_allocated"] = stats.pop("max_memory_allocated", 0)
+    stats["memory_allocated"], stats["max_memory_allocated"] = _counted(device)
+    return stats
 
 
 def empty_cache() -> None:
