@@ -218,7 +218,8 @@ class Session:
     def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
         self._check_alive()
         try:
-            self.transport.send(msg_type, meta, payloads, req_id=req_id)
+            with interrupts.deferred():  # half a message would put the stream out of step for good
+                self.transport.send(msg_type, meta, payloads, req_id=req_id)
         except TransportError as exc:
             raise self._fail(exc) from exc
         self._last_send = time.monotonic()

@@ -11,16 +11,13 @@ first such error is kept, with the server's traceback, and reported at the clien
 next sync point: Sync, READ, or RunOp(reply=True). Later failures of ops that depended
 on the missing results do not replace it.
 
-While the session thread works on a request, a heartbeat thread sends the client an
-unsolicited PONG (request id 0) every HEARTBEAT_S: a client waiting for a long op then
-knows the server is alive, and only silence (a dead or frozen server) ends its wait.
+While the session works on a request, its Heartbeat tells the client it is alive.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
@@ -39,6 +36,7 @@ from ..errors import ProtocolError, TransportError, TransportTimeout
 from . import failure
 from .executor import Executor
 from .failure import Failure
+from .heartbeat import Heartbeat
 from .rng import Generators
 from .storage import StorageTable, host_bytes
 
@@ -48,9 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-#: How often a busy session tells its client it is alive. Clients wait `timeout` (10 s by
-#: default, seconds in tests) of silence before they give up: several beats fit in it.
-HEARTBEAT_S = 0.5
 #: Payloads the server only throws away (SINK, a WRITE to a bad handle) land in one
 #: reused scratch buffer; one larger than this cannot be taken, and the session ends.
 MAX_DISCARD_BYTES = 2 << 30
@@ -91,9 +86,7 @@ class Session:
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
-        self._busy = False  # the session thread is handling a request
-        self._last_send = time.monotonic()
-        self._ended = threading.Event()
+        self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
@@ -165,7 +158,7 @@ class Session:
         self.device.bind_thread(self._stream)
         torch.set_grad_enabled(False)  # thread-local: autograd is the client's business
         self.executor = Executor(self.device, self.table, Generators(self.device))
-        threading.Thread(target=self._heartbeat_loop, name=f"session-{self.number}-heartbeat", daemon=True).start()
+        self.heartbeat.start()
         timeout = self.server.heartbeat_timeout
         while True:
             try:
@@ -184,30 +177,17 @@ class Session:
                     return f"protocol error: {exc}"
                 self._send_quietly(m.ErrorReply(failure.PROTOCOL, str(exc), ""))
                 continue
-            self._busy = True
+            self.heartbeat.busy = True
             try:
                 going_on = self._dispatch(msg)
             finally:
-                self._busy = False
+                self.heartbeat.busy = False
             self.server.exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"
 
-    def _heartbeat_loop(self) -> None:
-        """Beats only while busy: an idle client reads nothing, and beats would pile up
-        in its receive buffer. The transport serialises sends, so a beat never splits a
-        reply. It needs the GIL for a moment per beat: ops release it while they run."""
-        pong = m.encode(m.Pong(0))
-        while not self._ended.wait(HEARTBEAT_S / 2):
-            if self._busy and time.monotonic() - self._last_send >= HEARTBEAT_S:
-                try:
-                    self.transport.send(m.Pong.TYPE, pong)
-                except TransportError:
-                    return
-                self._last_send = time.monotonic()
-
     def _release(self, reason: str) -> None:
-        self._ended.set()
+        self.heartbeat.stop()
         self.server.exit_if_device_lost()  # freeing tensors of a lost device can abort the process
         try:
             if self.executor is not None:
@@ -478,7 +458,7 @@ class Session:
     # -- sending -------------------------------------------------------------------------------------------
     def _send(self, reply, req_id: int = 0, payloads=()) -> None:
         self.transport.send(reply.TYPE, m.encode(reply), payloads, req_id=req_id)
-        self._last_send = time.monotonic()
+        self.heartbeat.last_send = time.monotonic()
 
     def _send_quietly(self, reply) -> None:
         try:
