@@ -37,6 +37,8 @@ struct StaleStorage : std::runtime_error {
 // Storage id of the allocation starting at ptr: 0 for nullptr; throws for a pointer
 // this allocator did not hand out, StaleStorage for one of an ended session.
 uint64_t storage_id(const void* ptr);
+// Device index of the storage starting at ptr; throws for any other pointer.
+c10::DeviceIndex storage_device(void* ptr);
 // Whether ptr is not a storage of an ended session (without throwing).
 bool is_current(const void* ptr);
 // The device's session closed or died: its storages become stale, its bytes uncounted.
