@@ -54,7 +54,8 @@ def _start_autograd_device_threads(native) -> None:
 
 def check_autograd_queues(device_count: int) -> None:
     """After init: a backward on the last remote_accel device (queued work, no round
-    trip) must find its autograd queue; it has one if every lower index has."""
+    trip) must find its autograd queue; it has one if every lower index has. A check
+    that _start_autograd_device_threads worked on this PyTorch."""
     global _checked_up_to
     if device_count <= _checked_up_to:
         return
@@ -65,9 +66,9 @@ def check_autograd_queues(device_count: int) -> None:
         if "device_ready_queues_" not in str(exc):
             raise
         raise RemoteAccelError(
-            "a backward pass ran in this process before remote_accel was set up, so PyTorch's "
-            f"autograd engine has no queue for remote_accel:{device_count - 1}: call remote_accel.init() "
-            "before the first backward()") from None
+            f"PyTorch's autograd engine has no queue for remote_accel:{device_count - 1}, although "
+            "remote_accel added its queues when it registered the device (a PyTorch whose engine "
+            "works differently?)") from None
     _checked_up_to = device_count
 
 
