@@ -98,12 +98,22 @@ def client_handshake(transport: Transport, token: str, client: str, timeout: flo
     return welcome
 
 
+#: Waits are cut into slices this long so that Ctrl-C is seen between them (a DPDK
+#: receive waits in C, where Python's signal handlers cannot run).
+WAIT_SLICE_S = 0.1
+
+
 def _expect(transport: Transport, cls, deadline: float, timeout: float):
-    left = deadline - time.monotonic()
     try:
-        if left <= 0:
-            raise TransportTimeout("")
-        msg = transport.recv(timeout=left, sink=_no_payloads)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportTimeout("")
+            try:
+                msg = transport.recv(timeout=min(left, WAIT_SLICE_S), sink=_no_payloads)
+                break
+            except TransportTimeout:
+                continue
     except TransportTimeout:
         raise TransportTimeout(f"{transport.peer} did not complete the handshake within {timeout:g} s "
                                "(is it a remote_accel server?)") from None

@@ -4,11 +4,15 @@
     remote_accel.init(transport="dpdk", port=0)     # or transport="tcp", server="host:port"
     x = torch.randn(64, 10, device="remote_accel")
 
-Importing this package is cheap and does not touch torch; `init()` loads the device.
+Importing this package is cheap and does not import torch; once torch is imported too,
+`device="remote_accel"` is known (and asks for `init()`), and `init()` connects.
 """
 
+from . import _torch_hook
 from ._version import __version__
 from .errors import RemoteAccelError
+
+_torch_hook.install()
 
 __all__ = ["__version__", "RemoteAccelError", "init", "shutdown", "stats"]
 

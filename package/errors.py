@@ -55,5 +55,26 @@ class RemoteOpError(RemoteAccelError):
     """An operation failed on the server; the server's traceback is attached as a note."""
 
 
-class RemoteOutOfMemoryError(RemoteAccelError, MemoryError):
-    """The server refused an allocation: its memory limit or the device is full."""
+class DeadlineExceeded(RemoteAccelError, TimeoutError):
+    """A sync given a deadline did not finish in time; the server goes on, the session too."""
+
+
+class WrongPeerError(RemoteAccelError, ConnectionError):
+    """The address answers, but not as a remote_accel server (a silent listener, HTTP, SSH...)."""
+
+
+def __getattr__(name):
+    # RemoteOutOfMemoryError is a torch.OutOfMemoryError, so that `except
+    # torch.OutOfMemoryError` catches it as on CUDA; made on first use, so that importing
+    # the errors does not import torch (the tools and the data plane do without it).
+    if name == "RemoteOutOfMemoryError":
+        import torch
+
+        global RemoteOutOfMemoryError
+
+        class RemoteOutOfMemoryError(RemoteAccelError, torch.OutOfMemoryError, MemoryError):
+            """The server refused an allocation: its memory limit or the device is full."""
+
+        RemoteOutOfMemoryError.__module__ = __name__
+        return RemoteOutOfMemoryError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,20 +40,22 @@ def register_device() -> None:
 def _start_autograd_device_threads(native) -> None:
     """PyTorch's autograd engine makes its per-device worker queues once, at the first
     backward of the process, for as many devices as each registered device type reports
-    then. Start it now, with room for every remote_accel device there may ever be, so
-    that a later init(servers=[...]) with more servers still finds a queue per device.
-    (If a backward already ran before this, it is too late: check_autograd_queues says so.)"""
+    then. Start it now (a CPU backward), with room for every remote_accel device there
+    may ever be; if a backward already ran before remote_accel existed, the engine has
+    too few queues, and ensure_autograd_queues adds the missing ones."""
     native.set_device_count(native.MAX_DEVICES)
     try:
         leaf = torch.zeros((), requires_grad=True)
         (leaf * 1).backward()
     finally:
         native.set_device_count(1)
+    native.ensure_autograd_queues(native.MAX_DEVICES)
 
 
 def check_autograd_queues(device_count: int) -> None:
     """After init: a backward on the last remote_accel device (queued work, no round
-    trip) must find its autograd queue; it has one if every lower index has."""
+    trip) must find its autograd queue; it has one if every lower index has. A check
+    that _start_autograd_device_threads worked on this PyTorch."""
     global _checked_up_to
     if device_count <= _checked_up_to:
         return
@@ -64,9 +66,9 @@ def check_autograd_queues(device_count: int) -> None:
         if "device_ready_queues_" not in str(exc):
             raise
         raise RemoteAccelError(
-            "a backward pass ran in this process before remote_accel was set up, so PyTorch's "
-            f"autograd engine has no queue for remote_accel:{device_count - 1}: call remote_accel.init() "
-            "before the first backward()") from None
+            f"PyTorch's autograd engine has no queue for remote_accel:{device_count - 1}, although "
+            "remote_accel added its queues when it registered the device (a PyTorch whose engine "
+            "works differently?)") from None
     _checked_up_to = device_count
 
 

@@ -1,6 +1,8 @@
 """`torch.remote_accel`: the device module, mirroring `torch.cuda` where it makes sense.
 
-Memory figures are the server's (one round trip each).
+Before `remote_accel.init()`, `is_available()` is False and `device_count()` 0.
+`memory_allocated()` counts, as on CUDA, every live storage of the session from the
+moment it is allocated (no round trip); `memory_stats()` adds the server's own figures.
 """
 
 from __future__ import annotations
@@ -68,10 +70,15 @@ class device(contextlib.ContextDecorator):
         return False
 
 
-def synchronize(device=None) -> None:
-    """Wait until the server finished every op sent so far; raise the first error."""
+def synchronize(device=None, timeout=None) -> None:
+    """Wait until the server finished every op sent so far; raise the first error.
+
+    It waits as long as the work takes (a dead or frozen server is detected by missing
+    heartbeats). timeout: seconds after which to give up with DeadlineExceeded; the work
+    goes on on the server and the session stays usable.
+    """
     index = _index(device)
-    runtime.session(current_device() if index < 0 else index).sync()
+    runtime.session(current_device() if index < 0 else index).sync(timeout=timeout)
 
 
 # -- random numbers ------------------------------------------------------------------------------
@@ -129,12 +136,24 @@ def _stats(device) -> dict:
     return runtime.session(current_device() if index < 0 else index).stats()
 
 
+def _counted(device) -> tuple[int, int]:
+    index = _index(device)
+    index = current_device() if index < 0 else index
+    runtime.session(index)  # raises when not initialised
+    return _C.memory_allocated(index)
+
+
 def memory_allocated(device=None) -> int:
-    return int(_stats(device).get("memory_allocated", 0))
+    return _counted(device)[0]
 
 
 def max_memory_allocated(device=None) -> int:
-    return int(_stats(device).get("max_memory_allocated", 0))
+    return _counted(device)[1]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    index = _index(device)
+    _C.reset_peak_memory(current_device() if index < 0 else index)
 
 
 #: memory_stats(): torch.cuda's key for each of the server's figures, then the server's own keys.
@@ -145,16 +164,22 @@ _MEMORY_KEYS = {
     "limit_bytes": "memory_limit",
 }
 _SERVER_MEMORY_KEYS = ("memory_allocated", "max_memory_allocated", "memory_limit", "storages",
-                       "device_memory_allocated", "server_memory_allocated", "server_storages")
+                       "device_memory_allocated", "server_session_memory_allocated",
+                       "server_session_max_memory_allocated", "server_memory_allocated", "server_storages")
 
 
 def memory_stats(device=None) -> dict:
-    """This client's memory on the server (one round trip), under torch.cuda.memory_stats()'
-    keys for what has a CUDA counterpart (so tools that log those work), then the server's
-    figures: memory_allocated, max_memory_allocated, memory_limit, storages,
-    device_memory_allocated (the device allocator's, None on a CPU server),
+    """This client's memory under torch.cuda.memory_stats()' keys for what has a CUDA
+    counterpart (so tools that log those work), then memory_allocated and
+    max_memory_allocated as counted at allocation (as torch.cuda counts them), and the
+    server's figures (one round trip): memory_limit, storages, device_memory_allocated
+    (the device allocator's, None on a CPU server), server_session_memory_allocated and
+    server_session_max_memory_allocated (what the server holds for this session), and
     server_memory_allocated and server_storages (every client's)."""
-    values = _stats(device)
+    values = dict(_stats(device))
+    values["server_session_memory_allocated"] = values.pop("memory_allocated", 0)
+    values["server_session_max_memory_allocated"] = values.pop("max_memory_allocated", 0)
+    values["memory_allocated"], values["max_memory_allocated"] = _counted(device)
     out = {key: values[name] for key, name in _MEMORY_KEYS.items() if name in values}
     out.update((name, values[name]) for name in _SERVER_MEMORY_KEYS if name in values)
     return out

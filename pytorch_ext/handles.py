@@ -39,6 +39,11 @@ class NativeQueue:
         _C.queue_close(self.index)
 
 
+def set_memory_limit(index: int, limit: int) -> None:
+    """The session's memory limit (0: none but the device's), enforced at allocation."""
+    _C.set_memory_limit(index, limit)
+
+
 def take_freed(index: int) -> list[int]:
     """Ids of storages the server knows that were freed since the last call: the session
     sends them with its next batch (one FREE per batch, not one per op)."""

@@ -15,7 +15,7 @@ import threading
 from typing import Optional, Sequence
 
 from .. import config
-from ..errors import ConfigError, RemoteAccelError
+from ..errors import AuthError, ConfigError, RemoteAccelError
 from .session import Session
 
 log = logging.getLogger("remote_accel")
@@ -47,7 +47,10 @@ def init(
       a memif client of the local server's default socket).
     token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
       local server wrote).
-    timeout: seconds a sync point waits for the server before raising RemoteAccelError.
+    timeout: seconds of silence (no reply, no heartbeat) after which the server counts as
+      dead or frozen and RemoteAccelError is raised. A sync waits as long as the work
+      takes: a working server keeps sending heartbeats (see synchronize(timeout=...) for
+      a deadline). Also the limit for connecting and for the handshake.
     tls_ca: PEM file of the CA that signed the server's certificate (default:
       $REMOTE_ACCEL_TLS_CA): TCP then speaks TLS, and a server without a certificate valid
       for its address under that CA is refused. DPDK links stay plain text.
@@ -69,17 +72,23 @@ def init(
         servers = [server or env_server] if (server or env_server) else [None]
     if timeout <= 0:
         raise ConfigError("timeout must be positive")
-    token = token if token is not None else _default_token()
+    token, token_source = (token, "the token argument") if token is not None else _default_token()
     tls = _tls_context(tls_ca, tls_cert, tls_key)
 
     with _lock:
+        if _sessions and all(not s.alive for s in _sessions):
+            _forget_dead()  # the server died: a new init() needs no shutdown() first
         if _sessions:
             raise RemoteAccelError("remote_accel is already initialised; call remote_accel.shutdown() first")
         made: list[Session] = []
         try:
             for address in servers:
                 link = _connect(transport, address, port, eal_args, timeout, tls)
-                made.append(Session(link, token=token, timeout=timeout))
+                try:
+                    made.append(Session(link, token=token, timeout=timeout))
+                except AuthError as exc:
+                    exc.add_note(f"the token came from {token_source}")
+                    raise
                 log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
         except BaseException:
             for s in made:
@@ -91,6 +100,7 @@ def init(
         for index, s in enumerate(made):
             s.freed_source = functools.partial(handles.take_freed, index)
             s.native_queue = handles.NativeQueue(index)
+            handles.set_memory_limit(index, s.welcome.memory_limit)
         _sessions.extend(made)
         _register.set_device_count(len(_sessions))
     try:
@@ -132,15 +142,31 @@ def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
     return client_context(ca, cert, key)
 
 
-def _default_token() -> str:
+def _default_token() -> tuple[str, str]:
+    """(token, where it came from, for error messages)."""
     token = os.environ.get(config.ENV_TOKEN)
     if token:
-        return token
+        return token, f"${config.ENV_TOKEN}"
+    path = config.default_token_file()
     try:
-        with open(config.default_token_file()) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+        with open(path) as f:
+            return f.read().strip(), f"the token file {path}"
+    except OSError as exc:
+        # Not an error yet: a server may run without a token. If it wants one, the
+        # refusal says where we looked.
+        return "", (f"nowhere: no token argument, ${config.ENV_TOKEN} unset, and the token file {path} "
+                    f"unreadable ({exc.strerror or exc}); pass token=... or set ${config.ENV_TOKEN}")
+
+
+def _forget_dead() -> None:
+    """Drop sessions whose server is gone (their tensors are already stale)."""
+    from . import _register
+
+    dead = list(_sessions)
+    _sessions.clear()
+    for s in dead:
+        s.close()
+    _register.set_device_count(0)
 
 
 def shutdown() -> None:

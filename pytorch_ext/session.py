@@ -4,8 +4,13 @@ Ops, allocations, frees and small uploads are one-way: they are queued and leave
 Batch messages, so the client never waits for them. Only sync points wait for a reply
 (`sync`, `read`, `run_with_reply`, `stats`, `rng`): each one first flushes the queue,
 and the server reports at that moment the first error of any earlier one-way request.
-A server that dies or does not answer within `timeout` makes that call, and every later
-one, raise RemoteAccelError: no hang.
+
+A sync waits as long as the work takes, as on CUDA. Liveness is separate from latency:
+the server keeps sending heartbeats while it computes, so `timeout` is how long the
+server may stay *silent*; a dead or frozen server makes that call, and every later one,
+raise RemoteAccelError: no hang. Waits are sliced so that Ctrl-C (KeyboardInterrupt)
+answers within a fraction of a second; the interrupted request's late reply is skipped
+by its request id, and the session goes on.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from ..errors import (AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
-                      RemoteOutOfMemoryError, TransportError, TransportTimeout)
+from ..errors import (AuthError, DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
+                      RemoteOutOfMemoryError, TransportError, TransportTimeout, WrongPeerError)
+from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.codec import encode
-from ..dataplane.transport import Transport, default_sink
+from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType
+from . import interrupts
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,9 @@ MAX_BATCH_PAYLOAD = 1 << 20
 #: Uploads at least this large travel as their own WRITE message (no batching copy).
 LARGE_WRITE = 256 << 10
 HEARTBEAT_S = 2.0
+#: A sync's wait is cut into slices this long, so that Ctrl-C is seen between them (a
+#: DPDK receive waits in C, where Python's signal handlers cannot run).
+WAIT_SLICE_S = 0.1
 
 
 class Session:
@@ -50,6 +60,9 @@ class Session:
         self._payload_bytes = 0
         self._dead: Optional[RemoteAccelError] = None
         self._last_send = time.monotonic()
+        self._stop = threading.Event()
+        self._abandoned: set[int] = set()  # ids of requests whose caller stopped waiting
+        self._late_error: Optional[RemoteAccelError] = None  # reported to an abandoned sync
         self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
         #: returns the ids of storages freed since the last call; they leave with each batch
         self.freed_source: Optional[Callable[[], list]] = None
@@ -58,15 +71,13 @@ class Session:
         self.native_queue = None
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         try:
-            reply = handshake.client_handshake(transport, token, client, timeout)
-        except RemoteAccelError as exc:
-            transport.close()
-            if isinstance(exc, (TransportError, TransportTimeout)):
-                raise RemoteAccelError(f"cannot start a session with {transport.peer}: {exc}") from exc
+            reply = self._handshake(token, client)
+        except BaseException:
+            self._dead = RemoteAccelError("the handshake failed")
+            self.transport.close()
             raise
         self.welcome: m.Welcome = reply
         self.device_type = reply.device.partition(":")[0]  # the server's torch device type
-        self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -142,9 +153,13 @@ class Session:
             self._send_encoded(m.Batch.TYPE, meta, payloads)
 
     # -- sync points ---------------------------------------------------------------------------
-    def sync(self) -> int:
-        """Wait until the server ran everything sent so far; raise its first error."""
-        return self._call(m.Sync(), m.SyncOk).ops_done
+    def sync(self, timeout: Optional[float] = None) -> int:
+        """Wait until the server ran everything sent so far; raise its first error.
+
+        timeout: give up after this many seconds with DeadlineExceeded (the work goes on
+        on the server and the session stays usable); None: wait as long as it takes.
+        """
+        return self._call(m.Sync(), m.SyncOk, deadline=timeout).ops_done
 
     def read(self, sid: int, offset: int, nbytes: int, out=None):
         """Download bytes of a storage into `out` (a writable buffer) or a new buffer."""
@@ -218,41 +233,99 @@ class Session:
     def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
         self._check_alive()
         try:
-            self.transport.send(msg_type, meta, payloads, req_id=req_id)
+            with interrupts.deferred():  # half a message would put the stream out of step for good
+                self.transport.send(msg_type, meta, payloads, req_id=req_id)
         except TransportError as exc:
             raise self._fail(exc) from exc
         self._last_send = time.monotonic()
 
-    def _call(self, msg, reply_cls, sink=None):
-        """Flush, send `msg`, wait for its reply (skipping heartbeat answers)."""
+    def _handshake(self, token: str, client: str) -> m.Welcome:
+        """The challenge-response handshake. A peer that stays silent, closes, or answers
+        with bytes that are no remote_accel message (an HTTP or SSH port) is not a
+        remote_accel server; a refused token stays an AuthError."""
+        try:
+            return handshake.client_handshake(self.transport, token, client, self.timeout)
+        except (TransportError, TransportTimeout, ProtocolError) as exc:
+            raise WrongPeerError(f"{self.transport.peer} is not a remote_accel server (or not one speaking wire "
+                                 f"version {WIRE_VERSION}): {exc}") from exc
+
+    def _call(self, msg, reply_cls, sink=None, deadline: Optional[float] = None):
+        """Flush, send `msg`, wait for its reply (skipping heartbeats and late replies)."""
         with self._lock:
-            self.flush()
-            req_id = next(self._req_ids) & 0xFFFFFFFF
-            self._send(msg, [], req_id=req_id)
-            self.counters["round_trips"] += 1
-            deadline = time.monotonic() + self.timeout
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    if left <= 0:
-                        raise TransportTimeout(f"no answer within {self.timeout:g} s")
-                    reply = self.transport.recv(timeout=left, sink=sink)
-                except (TransportError, TransportTimeout, ProtocolError) as exc:
-                    raise self._fail(exc) from exc
-                if reply.type == MsgType.PONG:
-                    continue
-                if reply.req_id != req_id:
-                    raise self._fail(ProtocolError(f"reply {reply.req_id} does not answer request {req_id}"))
-                decoded = m.decode(reply.type, reply.meta)
-                if isinstance(decoded, m.ErrorReply):
-                    if decoded.kind == "device_lost":  # the server exits: nothing more can run there
-                        raise self._fail(_remote_error(decoded))
-                    raise _remote_error(decoded)
-                if not isinstance(decoded, reply_cls):
-                    raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
-                if reply_cls is m.Data:
-                    return reply
-                return decoded
+            with interrupts.deferred() as sigint:
+                self.flush()
+                req_id = next(self._req_ids) & 0xFFFFFFFF or next(self._req_ids)  # 0: unsolicited
+                self._send(msg, [], req_id=req_id)
+                self.counters["round_trips"] += 1
+                reply = self._wait(req_id, sink, deadline, sigint)
+            decoded = m.decode(reply.type, reply.meta)
+            if isinstance(decoded, m.ErrorReply):
+                if decoded.kind == "device_lost":  # the server exits: nothing more can run there
+                    raise self._fail(_remote_error(decoded))
+                raise _remote_error(decoded)  # a late error, if any, waits for the next sync
+            if not isinstance(decoded, reply_cls):
+                raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
+            if self._late_error is not None:
+                late, self._late_error = self._late_error, None
+                raise late
+            return reply if reply_cls is m.Data else decoded
+
+    def _wait(self, req_id: int, sink, deadline: Optional[float], sigint) -> "Message":
+        """The reply to `req_id`. Any message from the server (a heartbeat included) shows
+        it is alive; `self.timeout` of silence means it is dead or frozen."""
+        if sink is not None:
+            user_sink = sink
+
+            def sink(header, meta, lengths):  # a late reply's payloads must not land in `out`
+                return user_sink(header, meta, lengths) if header.req_id == req_id else default_sink(header, meta, lengths)
+        until = None if deadline is None else time.monotonic() + deadline
+        heard = time.monotonic()
+        while True:
+            if sigint.is_set:
+                self._abandoned.add(req_id)
+                raise KeyboardInterrupt
+            now = time.monotonic()
+            silent = self.timeout - (now - heard)
+            if silent <= 0:
+                raise self._fail(TransportTimeout(
+                    f"no message for {self.timeout:g} s (a working server sends heartbeats): it died or froze"))
+            wait = min(WAIT_SLICE_S, silent)
+            if until is not None:
+                if until <= now:
+                    self._abandoned.add(req_id)
+                    raise DeadlineExceeded(f"the server did not finish within {deadline:g} s; the work goes on "
+                                           "there and the session stays usable")
+                wait = min(wait, until - now)
+            try:
+                reply = self.transport.recv(timeout=wait, sink=sink)
+            except TransportTimeout:
+                continue
+            except (TransportError, ProtocolError) as exc:
+                raise self._fail(exc) from exc
+            heard = time.monotonic()
+            if reply.type == MsgType.PONG:
+                continue
+            if reply.req_id == req_id:
+                return reply
+            if reply.req_id in self._abandoned:
+                self._abandoned.discard(reply.req_id)
+                self._keep_late_error(reply)
+                continue
+            raise self._fail(ProtocolError(f"reply {reply.req_id} does not answer request {req_id}"))
+
+    def _keep_late_error(self, reply) -> None:
+        """An abandoned request's reply: its error (the first error of earlier one-way
+        work, which the server reports once) is raised by the next sync instead."""
+        try:
+            decoded = m.decode(reply.type, reply.meta)
+        except ProtocolError as exc:
+            raise self._fail(exc) from exc
+        if isinstance(decoded, m.ErrorReply):
+            if decoded.kind == "device_lost":
+                raise self._fail(_remote_error(decoded))
+            if self._late_error is None:
+                self._late_error = _remote_error(decoded)
+        log.debug("skipped the late reply to request %d", reply.req_id)
 
     def _heartbeat_loop(self) -> None:
         """Keep the server from reaping an idle session (it frees silent clients' memory)."""

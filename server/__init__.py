@@ -5,3 +5,7 @@ Modules: service (listeners, sessions), session (protocol loop, errors), executo
 storage (per-session storage table), ops (what op names may reach), rng, device, auth,
 and testing (a server process and a protocol-level client for tests and tools).
 """
+
+from .. import _torch_hook
+
+_torch_hook.skip()  # a server is no remote_accel client (its device may be PrivateUse1 too)

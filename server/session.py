@@ -10,6 +10,8 @@ fails (an op raises, a bad handle, out of memory) is one-way for the client, so 
 first such error is kept, with the server's traceback, and reported at the client's
 next sync point: Sync, READ, or RunOp(reply=True). Later failures of ops that depended
 on the missing results do not replace it.
+
+While the session works on a request, its Heartbeat tells the client it is alive.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from . import auth, failure, native
 from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
+from .heartbeat import Heartbeat
 from .placement import Desync, WriteTarget, batch_writes
 from .rng import Generators
 from .storage import StorageTable, host_bytes
@@ -73,6 +76,7 @@ class Session:
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
+        self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
@@ -109,6 +113,7 @@ class Session:
         self.device.bind_thread(self._stream)
         torch.set_grad_enabled(False)  # thread-local: autograd is the client's business
         self.executor = Executor(self.device, self.table, Generators(self.device))
+        self.heartbeat.start()
         timeout = self.server.heartbeat_timeout
         while True:
             try:
@@ -127,12 +132,17 @@ class Session:
                     return f"protocol error: {exc}"
                 self._send_quietly(m.ErrorReply(failure.PROTOCOL, str(exc), ""))
                 continue
-            going_on = self._dispatch(msg)
+            self.heartbeat.busy = True
+            try:
+                going_on = self._dispatch(msg)
+            finally:
+                self.heartbeat.busy = False
             self.server.exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"
 
     def _release(self, reason: str) -> None:
+        self.heartbeat.stop()
         self.server.exit_if_device_lost()  # freeing tensors of a lost device can abort the process
         try:
             if self.executor is not None:
@@ -454,6 +464,7 @@ class Session:
     # -- sending -------------------------------------------------------------------------------------------
     def _send(self, reply, req_id: int = 0, payloads=()) -> None:
         self.transport.send(reply.TYPE, m.encode(reply), payloads, req_id=req_id)
+        self.heartbeat.last_send = time.monotonic()
 
     def _send_quietly(self, reply) -> None:
         try:

@@ -34,6 +34,7 @@ from ..dataplane.codec import Ext
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.tls import TlsTransport
 from ..dataplane.transport import Transport
+from ..dataplane.wire import MsgType
 from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError
 from .storage import span_bytes
 
@@ -255,8 +256,11 @@ class Client:
         return req_id
 
     def recv(self, timeout: Optional[float] = None) -> tuple[Any, list]:
-        msg = self.transport.recv(timeout=self.timeout if timeout is None else timeout)
-        return m.decode(msg.type, msg.meta), msg.payloads
+        while True:
+            msg = self.transport.recv(timeout=self.timeout if timeout is None else timeout)
+            # request id 0: the server's heartbeat while it works, not an answer
+            if not (msg.type == MsgType.PONG and msg.req_id == 0):
+                return m.decode(msg.type, msg.meta), msg.payloads
 
     def request(self, msg, payloads=(), timeout: Optional[float] = None) -> tuple[Any, list]:
         """Send and wait for the answer; an ErrorReply raises (kind in `.kind`)."""

@@ -1,4 +1,5 @@
-// Allocator, device guard, generator and PrivateUse1 hooks of the remote_accel device.
+// Device guard, generator and PrivateUse1 hooks of the remote_accel device (the allocator
+// is in allocator.cpp).
 #include "device.h"
 
 #include <ATen/EmptyTensor.h>
@@ -9,101 +10,15 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <sys/mman.h>
-
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <unordered_map>
 
 namespace remote_accel {
 namespace {
 
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
-
-// ---------------------------------------------------------------------------------------
-// Allocator
-
-struct Allocation {
-  uint64_t id;
-  size_t nbytes;
-  c10::DeviceIndex device;
-};
-
-struct Registry {
-  std::mutex mu;
-  uint64_t next_id = 1;
-  std::unordered_map<void*, Allocation> live;
-  std::array<std::deque<uint64_t>, kMaxDevices> freed;
-  std::array<int64_t, kMaxDevices> live_count{};
-};
-
-// Leaked on purpose: tensors are still freed during interpreter shutdown, after static
-// destructors would have run.
-Registry& registry() {
-  static auto* r = new Registry();
-  return *r;
-}
-
-// Runs wherever the last reference to a storage drops, possibly in a thread without the
-// GIL or during shutdown: it only records the id; Python sends the `free` to the server
-// when it drains the queue.
-void delete_remote(void* ptr) {
-  Allocation a{};
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.live.find(ptr);
-    if (it == r.live.end()) {
-      return;
-    }
-    a = it->second;
-    r.live.erase(it);
-    r.freed[a.device].push_back(a.id);
-    --r.live_count[a.device];
-  }
-  // Unmapped only once the entry is gone, so the kernel cannot hand the same range to
-  // another allocation while the map still names it.
-  munmap(ptr, a.nbytes);
-}
-
-struct RemoteAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) override {
-    const c10::Device device(kDevice, current_device());
-    if (n == 0) {
-      return {nullptr, nullptr, &delete_remote, device};
-    }
-    // The bytes live on the server. The range is reserved, never readable: every storage
-    // gets addresses of its own (ATen's overlap checks compare pointers), and a stray
-    // dereference faults instead of scribbling on host memory. NORESERVE + PROT_NONE
-    // costs no memory and no overcommit.
-    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    // ENOMEM here usually means vm.max_map_count: each live storage is one mapping at
-    // worst (freed neighbours split merged ranges).
-    TORCH_CHECK(p != MAP_FAILED, "remote_accel: cannot reserve ", n,
-                " bytes of address space for a remote storage: ", std::strerror(errno),
-                errno == ENOMEM ? " (too many live storages for vm.max_map_count?)" : "");
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.live.emplace(p, Allocation{r.next_id++, n, device.index()});
-    ++r.live_count[device.index()];
-    return {p, p, &delete_remote, device};
-  }
-
-  c10::DeleterFnPtr raw_deleter() const override {
-    return &delete_remote;
-  }
-
-  void copy_data(void*, const void*, size_t) const override {
-    TORCH_CHECK(false, "remote_accel: storage bytes live on the server and cannot be copied "
-                       "on the client; copy tensors instead");
-  }
-};
-
-RemoteAllocator g_allocator;
 
 // ---------------------------------------------------------------------------------------
 // Device guard: one thread-local current index, one default stream per device, no events.
@@ -302,11 +217,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return new_generator(device);
   }
   c10::Device getDeviceFromPtr(void* data) const override {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.live.find(data);
-    TORCH_CHECK(it != r.live.end(), "remote_accel: pointer ", data, " is not the start of a remote storage");
-    return {kDevice, it->second.device};
+    return {kDevice, storage_device(data)};
   }
   // Host memory for remote_accel is plain host memory: the transport pins (or copies
   // into) its own buffers. So pin_memory() works, and is_pinned() stays false.
@@ -348,52 +259,18 @@ struct Hooks final : at::PrivateUse1HooksInterface {
         " bytes would copy its contents on the server; only resizing to or from 0 bytes is "
         "supported (resize a tensor instead)");
     c10::DeviceGuard guard(storage.device());
-    storage.set_data_ptr_noswap(g_allocator.allocate(nbytes));
+    storage.set_data_ptr_noswap(allocator()->allocate(nbytes));
     storage.set_nbytes(nbytes);
   }
 };
 
 const bool g_hooks_registered = [] {
-  c10::SetAllocator(kDevice, &g_allocator);
+  c10::SetAllocator(kDevice, allocator());
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   return true;
 }();
 
 } // namespace
-
-c10::Allocator* allocator() {
-  return &g_allocator;
-}
-
-uint64_t storage_id(const void* ptr) {
-  if (ptr == nullptr) {
-    return 0;
-  }
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.live.find(const_cast<void*>(ptr));
-  TORCH_CHECK_VALUE(it != r.live.end(), "remote_accel: ", ptr, " is not a remote storage");
-  return it->second.id;
-}
-
-std::vector<uint64_t> drain_freed(c10::DeviceIndex device) {
-  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
-                    static_cast<int>(device));
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto& q = r.freed[device];
-  std::vector<uint64_t> ids(q.begin(), q.end());
-  q.clear();
-  return ids;
-}
-
-int64_t live_storages(c10::DeviceIndex device) {
-  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
-                    static_cast<int>(device));
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.live_count[device];
-}
 
 void set_device_count(int count) {
   TORCH_CHECK_VALUE(count >= 1 && count <= kMaxDevices, "remote_accel: device count must be in [1, ",

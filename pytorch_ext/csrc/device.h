@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,9 +28,30 @@ constexpr int kMaxDevices = 64;
 // The PrivateUse1 allocator (also installed with c10::SetAllocator).
 c10::Allocator* allocator();
 
+// Thrown for a storage of a session that was closed or lost; Python sees it as
+// remote_accel's StaleTensorError (a RemoteAccelError).
+struct StaleStorage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Storage id of the allocation starting at ptr: 0 for nullptr; throws for a pointer
-// this allocator did not hand out.
+// this allocator did not hand out, StaleStorage for one of an ended session.
 uint64_t storage_id(const void* ptr);
+// Device index of the storage starting at ptr; throws for any other pointer.
+c10::DeviceIndex storage_device(void* ptr);
+// Whether ptr is not a storage of an ended session (without throwing).
+bool is_current(const void* ptr);
+// The device's session closed or died: its storages become stale, its bytes uncounted.
+void end_session(c10::DeviceIndex device);
+// Bytes the current session may hold (0: no limit); allocations beyond it raise
+// torch.OutOfMemoryError at once.
+void set_memory_limit(c10::DeviceIndex device, int64_t limit);
+// (bytes, peak bytes) of live storages of the device's current session.
+std::tuple<int64_t, int64_t> memory_allocated(c10::DeviceIndex device);
+void reset_peak(c10::DeviceIndex device);
+// Give PyTorch's autograd engine a worker queue per remote_accel device index, even if
+// its device threads started (at the process's first backward) before this device existed.
+void ensure_autograd_queues(int count);
 // Ids of storages of this device freed since the last call, oldest first.
 std::vector<uint64_t> drain_freed(c10::DeviceIndex device);
 // Allocations of this device still alive.

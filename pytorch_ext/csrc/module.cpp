@@ -201,6 +201,20 @@ PYBIND11_MODULE(_C, m) {
         "Storage id of a remote_accel tensor or storage: 0 for a storage without bytes.");
   m.def("drain_freed", [](int device) { return ra::drain_freed(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Ids of this device's storages freed since the last call, oldest first.");
+  // A tensor of an ended session is a RemoteAccelError, like every failure of the device.
+  py::register_exception<ra::StaleStorage>(m, "StaleTensorError",
+                                           py::module_::import("remote_accel.errors").attr("RemoteAccelError"));
+  m.def("set_memory_limit", [](int device, int64_t limit) {
+          ra::set_memory_limit(static_cast<c10::DeviceIndex>(device), limit);
+        }, py::arg("device_index"), py::arg("limit"),
+        "Bytes this device's session may hold (0: no limit); larger allocations raise torch.OutOfMemoryError.");
+  m.def("memory_allocated", [](int device) { return ra::memory_allocated(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), "(bytes, peak bytes) of the live storages of this device's current session.");
+  m.def("reset_peak_memory", [](int device) { ra::reset_peak(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"));
+  m.def("ensure_autograd_queues", &ra::ensure_autograd_queues, py::arg("count"),
+        "Give the autograd engine a worker queue for device indices 0..count-1 (its device threads "
+        "must have started: run any backward first).");
   m.def("live_storages", [](int device) { return ra::live_storages(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Number of this device's storages still alive.");
 

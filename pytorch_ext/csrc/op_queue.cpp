@@ -343,6 +343,11 @@ void flush_device(c10::DeviceIndex device) {
 // Queues the call from its plan and replaces the arguments on the stack with the
 // results; false (stack untouched) when the device's queue is closed.
 bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& plan, const Call& call) {
+  for (const auto& t : call.tensors) {
+    if (!t.is_cpu() && !is_current(t.storage().data())) {
+      return false;  // a tensor of an ended session: Python raises StaleTensorError
+    }
+  }
   const auto n_args = op.schema().arguments().size();
   const auto args = torch::jit::last(*stack, n_args);
   c10::SmallVector<at::Tensor, 4> fresh;
@@ -641,8 +646,11 @@ void queue_open(c10::DeviceIndex device) {
 
 void queue_close(c10::DeviceIndex device) {
   auto& q = queue(device);
-  std::lock_guard<std::mutex> lock(q.mu);
-  reset(q, false);
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    reset(q, false);
+  }
+  end_session(device);  // the server forgets the session's storages: they become stale
 }
 
 std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device) {

@@ -1,0 +1,71 @@
+"""Make `remote_accel` a torch device as soon as both are imported, in either order.
+
+After `import remote_accel`, `torch.remote_accel.is_available()` is False and using the
+device says to call `remote_accel.init()`, as torch.cuda behaves on a machine without a
+GPU. Registering early also gives PyTorch's autograd engine its remote_accel queues
+before a first backward() can run. Importing remote_accel alone still does not import
+torch (the tools and the data plane do without it): when torch is not loaded yet, a
+finder on sys.meta_path registers the device right after torch has loaded.
+
+A server process (which imports remote_accel.server first) does not register it: its
+own torch device might be another PrivateUse1 backend. init() registers in any case.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import sys
+
+log = logging.getLogger("remote_accel")
+
+_skip = False
+
+
+def skip() -> None:
+    """This process serves: do not make it a remote_accel client when torch loads."""
+    global _skip
+    _skip = True
+
+
+def install() -> None:
+    if "torch" in sys.modules:
+        _register()
+    elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorch())
+
+
+def _register() -> None:
+    if _skip:
+        return
+    try:
+        from .pytorch_ext import _register as device
+    except ImportError as exc:  # built without the C++ device: init() says how to rebuild
+        log.debug("remote_accel device not registered at import: %s", exc)
+        return
+    try:
+        device.register_device()
+    except Exception as exc:  # never break the user's `import torch`; init() tries again and raises
+        log.debug("remote_accel device not registered at import: %s", exc, exc_info=True)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps torch's own loader so that the device is registered
+    once torch's module has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once; and find_spec below must not come back here
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register()
+
+        spec.loader.exec_module = exec_module
+        return spec

@@ -1,0 +1,224 @@
+// The remote_accel allocator: storage ids, session generations and memory accounting.
+#include "device.h"
+
+#include <c10/util/Exception.h>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace remote_accel {
+namespace {
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// ---------------------------------------------------------------------------------------
+// Allocator
+
+struct Allocation {
+  uint64_t id;
+  size_t nbytes;
+  c10::DeviceIndex device;
+  uint64_t session;  // the device's session generation when it was allocated
+};
+
+// Per device: `session` grows whenever a session closes or dies, so storages of an older
+// generation are known to name bytes that no server holds any more. Bytes are counted
+// for the current generation only: they are what the server of this session holds.
+struct Registry {
+  std::mutex mu;
+  uint64_t next_id = 1;
+  std::unordered_map<void*, Allocation> live;
+  std::array<std::deque<uint64_t>, kMaxDevices> freed;
+  std::array<int64_t, kMaxDevices> live_count{};
+  std::array<uint64_t, kMaxDevices> session{};
+  std::array<int64_t, kMaxDevices> live_bytes{};
+  std::array<int64_t, kMaxDevices> peak_bytes{};
+  std::array<int64_t, kMaxDevices> limit{};  // 0: none
+};
+
+// Leaked on purpose: tensors are still freed during interpreter shutdown, after static
+// destructors would have run.
+Registry& registry() {
+  static auto* r = new Registry();
+  return *r;
+}
+
+// Runs wherever the last reference to a storage drops, possibly in a thread without the
+// GIL or during shutdown: it only records the id; Python sends the `free` to the server
+// when it drains the queue.
+void delete_remote(void* ptr) {
+  Allocation a{};
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.live.find(ptr);
+    if (it == r.live.end()) {
+      return;
+    }
+    a = it->second;
+    r.live.erase(it);
+    --r.live_count[a.device];
+    if (a.session == r.session[a.device]) {  // an older session's server forgot it already
+      r.freed[a.device].push_back(a.id);
+      r.live_bytes[a.device] -= static_cast<int64_t>(a.nbytes);
+    }
+  }
+  // Unmapped only once the entry is gone, so the kernel cannot hand the same range to
+  // another allocation while the map still names it.
+  munmap(ptr, a.nbytes);
+}
+
+struct RemoteAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    const c10::Device device(kDevice, current_device());
+    if (n == 0) {
+      return {nullptr, nullptr, &delete_remote, device};
+    }
+    auto& r = registry();
+    {
+      // As on CUDA, the allocating call fails (torch.OutOfMemoryError), not a later sync:
+      // the session's limit is known here, and the server would refuse the same bytes.
+      std::lock_guard<std::mutex> lock(r.mu);
+      const auto limit = r.limit[device.index()];
+      const auto used = r.live_bytes[device.index()];
+      TORCH_CHECK_WITH(OutOfMemoryError, limit == 0 || static_cast<int64_t>(n) <= limit - used,
+                       "remote_accel: out of memory: allocating ", n, " bytes on ", device, " would exceed the "
+                       "server's memory limit for this session (", used, " of ", limit, " bytes in use)");
+    }
+    // The bytes live on the server. The range is reserved, never readable: every storage
+    // gets addresses of its own (ATen's overlap checks compare pointers), and a stray
+    // dereference faults instead of scribbling on host memory. NORESERVE + PROT_NONE
+    // costs no memory and no overcommit.
+    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // ENOMEM here usually means vm.max_map_count: each live storage is one mapping at
+    // worst (freed neighbours split merged ranges).
+    TORCH_CHECK(p != MAP_FAILED, "remote_accel: cannot reserve ", n,
+                " bytes of address space for a remote storage: ", std::strerror(errno),
+                errno == ENOMEM ? " (too many live storages for vm.max_map_count?)" : "");
+    std::lock_guard<std::mutex> lock(r.mu);
+    const auto index = device.index();
+    r.live.emplace(p, Allocation{r.next_id++, n, index, r.session[index]});
+    ++r.live_count[index];
+    r.live_bytes[index] += static_cast<int64_t>(n);
+    r.peak_bytes[index] = std::max(r.peak_bytes[index], r.live_bytes[index]);
+    return {p, p, &delete_remote, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &delete_remote;
+  }
+
+  void copy_data(void*, const void*, size_t) const override {
+    TORCH_CHECK(false, "remote_accel: storage bytes live on the server and cannot be copied "
+                       "on the client; copy tensors instead");
+  }
+};
+
+
+} // namespace
+
+c10::Allocator* allocator() {
+  // A function-local static: device.cpp's static initialisation installs it, and the
+  // order of static initialisation across files is unspecified.
+  static RemoteAllocator instance;
+  return &instance;
+}
+
+uint64_t storage_id(const void* ptr) {
+  if (ptr == nullptr) {
+    return 0;
+  }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.find(const_cast<void*>(ptr));
+  TORCH_CHECK_VALUE(it != r.live.end(), "remote_accel: ", ptr, " is not a remote storage");
+  const auto& a = it->second;
+  if (a.session != r.session[a.device]) {
+    throw StaleStorage("remote_accel: this tensor belongs to a remote_accel:" + std::to_string(a.device) +
+                       " session that was closed (shutdown(), or its server was lost): its data is gone; "
+                       "recreate the tensor in the new session");
+  }
+  return a.id;
+}
+
+c10::DeviceIndex storage_device(void* ptr) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.find(ptr);
+  TORCH_CHECK(it != r.live.end(), "remote_accel: pointer ", ptr, " is not the start of a remote storage");
+  return it->second.device;
+}
+
+bool is_current(const void* ptr) {
+  if (ptr == nullptr) {
+    return true;
+  }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.find(const_cast<void*>(ptr));
+  return it == r.live.end() || it->second.session == r.session[it->second.device];
+}
+
+void end_session(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  ++r.session[device];
+  r.freed[device].clear();
+  r.live_bytes[device] = r.peak_bytes[device] = 0;
+  r.limit[device] = 0;
+}
+
+void set_memory_limit(c10::DeviceIndex device, int64_t limit) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.limit[device] = limit;
+}
+
+std::tuple<int64_t, int64_t> memory_allocated(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return {r.live_bytes[device], r.peak_bytes[device]};
+}
+
+void reset_peak(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.peak_bytes[device] = r.live_bytes[device];
+}
+
+std::vector<uint64_t> drain_freed(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& q = r.freed[device];
+  std::vector<uint64_t> ids(q.begin(), q.end());
+  q.clear();
+  return ids;
+}
+
+int64_t live_storages(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.live_count[device];
+}
+
+} // namespace remote_accel

@@ -1,0 +1,50 @@
+"""Ctrl-C during a request-reply exchange: deferred to a point where the stream is in step.
+
+A KeyboardInterrupt raised half-way through sending or receiving a message would leave
+the byte stream out of step with the server for good. Inside `deferred()`, SIGINT only
+sets a flag; the waiting loop looks at it between bounded waits (so it still answers
+within a fraction of a second) and raises KeyboardInterrupt there, with whole messages
+on both sides. The late reply to the interrupted request is skipped by its request id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+
+class Flag:
+    """Set when SIGINT arrived while deferred."""
+
+    __slots__ = ("is_set",)
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def __call__(self, signum, frame) -> None:  # the deferring SIGINT handler
+        self.is_set = True
+
+
+_NEVER = Flag()  # outside the main thread, or a user's own handler: nothing is deferred
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Flag]:
+    """Defer Python's default Ctrl-C handling; raise KeyboardInterrupt at the end if one
+    came and the body did not raise it itself (checking `flag.is_set`)."""
+    # Python runs signal handlers in the main thread only, and a handler the user set
+    # may do anything: leave both alone.
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield _NEVER
+        return
+    flag = Flag()
+    signal.signal(signal.SIGINT, flag)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if flag.is_set:
+        raise KeyboardInterrupt

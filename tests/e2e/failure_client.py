@@ -1,0 +1,99 @@
+"""A client process for the failure tests: `python failure_client.py SCENARIO TRANSPORT
+SERVER TOKEN TIMEOUT`. It prints one line per event, `name value...`, flushed, so that
+the test (its parent) can act at the right moment (SIGINT, SIGSTOP) and check results.
+The clock is time.monotonic(), the same in every process of the machine."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+import remote_accel
+
+
+def say(*words) -> None:
+    print(*words, flush=True)
+
+
+def long_work(a: torch.Tensor, seconds: float) -> torch.Tensor:
+    """Queue at least about `seconds` of server work (a chain of matmuls), without waiting.
+    Timed on a chain of three: a single op's time is mostly the round trip."""
+    start = time.monotonic()
+    ((a @ a) @ a @ a).sum().item()
+    one = max((time.monotonic() - start) / 3, 1e-3)
+    y = a
+    for _ in range(int(seconds / one) + 1):
+        y = (y @ a) * 1e-3
+    return y
+
+
+def busy(a, timeout: float) -> None:
+    """A sync that waits several times `timeout` for real work succeeds."""
+    y = long_work(a, 6 * timeout)
+    start = time.monotonic()
+    value = y.sum().item()
+    say("waited", time.monotonic() - start, value == value)  # a number, not NaN
+    try:
+        y = long_work(a, 4 * timeout)
+        torch.remote_accel.synchronize(timeout=timeout / 2)
+    except remote_accel.RemoteAccelError as exc:
+        say("deadline", type(exc).__name__)
+    x = torch.arange(4.0, device="remote_accel")
+    say("after", (x + 1).cpu().tolist())
+
+
+def frozen(a, timeout: float) -> None:
+    """The parent stops or kills the server while we wait: an error within `timeout`."""
+    y = long_work(a, 15)  # longer than the test's wait; the server works on it until it exits
+    say("waiting", time.monotonic())
+    try:
+        y.sum().item()
+        say("finished")
+    except remote_accel.RemoteAccelError as exc:
+        say("error", time.monotonic(), str(exc).splitlines()[0])
+
+
+def interrupted(a, timeout: float) -> None:
+    """Ctrl-C during syncs, between errors of queued ops: every later reply is the right one."""
+    x = torch.arange(4.0, device="remote_accel")
+    y = long_work(a, 8)
+    bad = x[torch.tensor([0, 10]).to("remote_accel")]  # fails on the server, reported at a sync
+    for what in ("sync", "read"):
+        say("waiting", what, time.monotonic())
+        try:
+            if what == "sync":
+                torch.remote_accel.synchronize()
+            else:
+                (y + 1).cpu()
+            say("not-interrupted")
+        except KeyboardInterrupt:
+            say("interrupted", time.monotonic())
+        if what == "sync":  # the interrupted sync's reply carried the index error
+            try:
+                x.cpu()
+                say("late-error none")
+            except remote_accel.RemoteAccelError as exc:
+                say("late-error", "bounds" in str(exc))
+            y = long_work(a, 8)
+    del bad
+    z = torch.full((3,), 7.0, device="remote_accel")
+    say("next", (z * 2).cpu().tolist(), x.cpu().tolist())
+    remote_accel.shutdown()
+    say("clean")
+
+
+def main() -> int:
+    scenario, transport, server, token, timeout = sys.argv[1:6]
+    timeout = float(timeout)
+    kwargs = {"server": server} if transport == "tcp" else {}
+    remote_accel.init(transport=transport, token=token, timeout=timeout, **kwargs)
+    a = torch.randn(1024, 1024, device="remote_accel")
+    say("ready")
+    {"busy": busy, "frozen": frozen, "interrupted": interrupted}[scenario](a, timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

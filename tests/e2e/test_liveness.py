@@ -1,0 +1,114 @@
+"""Busy is not dead: a sync waits as long as the work takes, while heartbeats show the
+server alive; a killed or frozen (SIGSTOP) server still ends the wait within `timeout`;
+Ctrl-C answers within a second and leaves the session usable. Over TCP and DPDK memif,
+each client a process of its own (one EAL per process), each server a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from remote_accel.server.testing import ServerProcess
+
+CLIENT = os.path.join(os.path.dirname(__file__), "failure_client.py")
+TIMEOUT_S = 2.0  # the client's silence limit: the work below takes several times this
+WAIT_S = 300  # a loaded 2-core machine, EAL start-up: generous, it only bounds a hang
+
+
+def _dpdk_available() -> bool:
+    try:
+        from remote_accel.dataplane import dpdk  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk, pytest.mark.skipif(
+    not _dpdk_available(), reason="DPDK transport not built")])]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def server(request):
+    transport = request.param
+    with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", start_timeout=WAIT_S) as proc:
+        proc.transport = transport
+        yield proc
+        proc.proc.send_signal(signal.SIGCONT)  # in case a test stopped it
+
+
+class Client:
+    def __init__(self, server, scenario: str):
+        host, port = server.tcp
+        self.proc = subprocess.Popen(
+            [sys.executable, CLIENT, scenario, server.transport, f"{host}:{port}", server.token, str(TIMEOUT_S)],
+            env=dict(os.environ, **server.client_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def line(self) -> list[str]:
+        text = self.proc.stdout.readline()
+        if not text:
+            self.proc.wait(WAIT_S)
+            raise AssertionError(f"client ended (rc {self.proc.returncode}):\n{self.proc.stderr.read()}")
+        return text.split()
+
+    def expect(self, name: str) -> list[str]:
+        words = self.line()
+        assert words[0] == name, words
+        return words[1:]
+
+    def finish(self) -> str:
+        try:
+            _, err = self.proc.communicate(timeout=WAIT_S)
+        finally:
+            self.proc.kill()
+        assert self.proc.returncode == 0, err
+        return err
+
+
+def test_a_sync_waits_for_work_longer_than_the_timeout(server):
+    client = Client(server, "busy")
+    client.expect("ready")
+    waited, is_number = client.expect("waited")
+    assert float(waited) > 2 * TIMEOUT_S and is_number == "True"  # several silence limits
+    assert client.expect("deadline") == ["DeadlineExceeded"]
+    assert client.expect("after") == ["[1.0,", "2.0,", "3.0,", "4.0]"]  # the session goes on
+    client.finish()
+    assert server.alive()
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
+def test_a_frozen_or_killed_server_is_detected_within_the_timeout(server, how):
+    client = Client(server, "frozen")
+    client.expect("ready")
+    client.expect("waiting")
+    time.sleep(TIMEOUT_S)  # the sync is waiting, on heartbeats
+    stopped = time.monotonic()
+    server.proc.send_signal(getattr(signal, how))
+    when, *message = client.expect("error")
+    # silence limit plus a heartbeat interval and a loaded machine's delays
+    assert float(when) - stopped < TIMEOUT_S + 3.0, message
+    assert "no message" in " ".join(message) or "gone" in " ".join(message), message
+    client.finish()
+
+
+def test_ctrl_c_interrupts_a_sync_and_the_session_goes_on(server):
+    """#14 item 2 and #20: each reply is matched to its request after errors and Ctrl-C."""
+    client = Client(server, "interrupted")
+    client.expect("ready")
+    for what in ("sync", "read"):
+        assert client.expect("waiting")[0] == what
+        time.sleep(0.5)  # well inside the wait: the work takes 8 s
+        sent = time.monotonic()
+        client.proc.send_signal(signal.SIGINT)
+        (when,) = client.expect("interrupted")
+        assert float(when) - sent < 1.0
+        if what == "sync":  # the queued op's error reached the abandoned sync: the next one raises it
+            assert client.expect("late-error") == ["True"]
+    assert client.expect("next") == ["[14.0,", "14.0,", "14.0]", "[0.0,", "1.0,", "2.0,", "3.0]"]
+    client.expect("clean")
+    client.finish()
+    assert server.alive()
