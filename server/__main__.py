@@ -67,6 +67,26 @@ def _int_range(lo: int, hi: int):
     return parse
 
 
+def parse_namespaces(text: str) -> Optional[dict]:
+    """'auto' -> None (the default libraries that import); 'none' -> {} (aten only);
+    'torchvision,mylib=my_pkg.ops' -> {namespace: module whose import registers its ops}."""
+    from .ops import MODULE, NAMESPACE
+
+    text = text.strip()
+    if text == "auto":
+        return None
+    if text in ("none", ""):
+        return {}
+    namespaces = {}
+    for item in text.split(","):
+        namespace, sep, module = item.strip().partition("=")
+        module = module if sep else namespace
+        if not NAMESPACE.match(namespace) or not MODULE.match(module):
+            raise argparse.ArgumentTypeError(f"bad op namespace {item.strip()!r}: expected NAMESPACE or NAMESPACE=MODULE")
+        namespaces[namespace] = module
+    return namespaces
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -108,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=_seconds, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                    help="a client that sends nothing for this long is dropped and its memory freed, "
                         f"0.1..86400 (default: {DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})")
+    p.add_argument("--op-namespaces", type=parse_namespaces, default=None, metavar="auto|none|NS[=MODULE],...",
+                   help="libraries whose registered ops (NS::op, e.g. torchvision::nms) clients may run besides "
+                        "aten; each is imported at start-up (MODULE, default NS) and must import, or the server "
+                        "exits with status 2. auto: torchvision where it imports; none: aten only (default: auto)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
@@ -151,12 +175,13 @@ def main(argv: Optional[list] = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # torch loads only now, so that --help and bad options answer at once.
-    from . import auth
+    from . import auth, ops
     from .device import ComputeDevice, parse_device
     from .service import Server
 
     token_file = args.token_file or config.default_token_file()
     try:
+        namespaces = ops.enable_namespaces(args.op_namespaces)
         device = ComputeDevice(parse_device(args.device))
         token = auth.load_or_create(token_file)
         listeners = open_listeners(args, eal)
@@ -169,7 +194,8 @@ def main(argv: Optional[list] = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
-             "at most %d clients", __version__, device.name, server.session_limit, token_file, args.max_clients)
+             "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
+             args.max_clients, ",".join(namespaces))
     for listener in listeners:
         server.serve(listener)
         try:
