@@ -232,9 +232,12 @@ def _meta_substitute(op):
 def _infer(op, schema: _Schema, args, kwargs) -> Optional[Plan]:
     meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
     if op is torch.ops.aten.convolution_backward_overrideable.default:
-        # convolution_backward also takes the bias sizes, right after the weight
-        weight, mask = meta_args[2], meta_args[-1]
-        meta_args = (*meta_args[:3], [weight.shape[0]] if mask[2] else None, *meta_args[3:])
+        # convolution_backward also takes the bias sizes, right after the weight: the output
+        # channels, which a transposed convolution's weight (in, out / groups, ...) holds in
+        # dim 1 (as the server's substitute in server/ops.py computes them)
+        weight, transposed, groups, mask = meta_args[2], meta_args[6], meta_args[8], meta_args[9]
+        channels = weight.shape[1] * groups if transposed else weight.shape[0]
+        meta_args = (*meta_args[:3], [channels] if mask[2] else None, *meta_args[3:])
     op = _meta_substitute(op)
     try:
         with torch.no_grad():

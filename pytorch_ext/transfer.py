@@ -25,10 +25,15 @@ def _plain_contiguous(t: torch.Tensor) -> bool:
 
 def _byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, writable, without copying."""
-    flat = t.reshape(-1)
+    if not t.numel():
+        return memoryview(bytearray())
+    # A contiguous tensor's size-1 dims may have any stride (x[:1, 2] keeps x's row
+    # stride), and reshape keeps it, which view(uint8) refuses: its elements are one
+    # dense run all the same, so name that run with unit stride.
+    flat = t.as_strided((t.numel(),), (1,))
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(bytearray())
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def upload(src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -97,6 +97,13 @@ def _assert_async(self, assert_msg="Expected Tensor with single nonzero value, b
         raise RuntimeError(assert_msg)
 
 
+def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # Autograd formulas (sgn's, for one) make these for gradients known to be zero. A
+    # ZeroTensor has no storage to keep under the client's storage id, and the client's
+    # tensor for it is an ordinary one: real zeros are what it stands for.
+    return torch.zeros(size, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
+
+
 SUBSTITUTES: dict[str, Callable] = {
     "aten::convolution_overrideable": torch.ops.aten.convolution.default,
     "aten::convolution_overrideable.default": torch.ops.aten.convolution.default,
@@ -109,6 +116,8 @@ SUBSTITUTES: dict[str, Callable] = {
     "aten::_assert_async": _assert_async,
     "aten::_assert_async.default": _assert_async,
     "aten::_assert_async.msg": _assert_async,
+    "aten::_efficientzerotensor": _efficientzerotensor,
+    "aten::_efficientzerotensor.default": _efficientzerotensor,
 }
 
 

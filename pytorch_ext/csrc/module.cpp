@@ -89,6 +89,26 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(empty), 0, {0}, {});
 }
 
+// Module._apply (`model.to(...)`, `.cpu()`, `.remote_accel()`) keeps each Parameter and
+// its .grad the same object (`param.data = moved`) only where this says yes; otherwise it
+// makes new Parameters, which silently unties shared weights (GPT-2's lm_head and wte)
+// and strands optimizers made before the move. c10 says yes for dense tensors of its
+// built-in backends and leaves PrivateUse1 to its backend (TensorImpl.h): our tensors
+// are plain strided TensorImpls, as exchangeable with CPU or CUDA ones as those are with
+// each other. Reached whenever one argument is ours (PrivateUse1 outranks CPU and CUDA).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    constexpr auto backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit, c10::BackendComponent::MPSBit,
+         c10::BackendComponent::HIPBit, c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+    const auto keys = t.key_set();
+    return keys.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && keys.has_any(backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+      (dense(self) && dense(from));
+}
+
 uint64_t id_of(const at::Storage& storage) {
   TORCH_CHECK_VALUE(storage.device_type() == c10::DeviceType::PrivateUse1,
                     "remote_accel: storage_id needs a remote_accel storage, got one on ", storage.device());
@@ -115,6 +135,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
   m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   // resize_ is left to the Python fallback: growing a storage must copy its bytes on the
   // server.
 }

@@ -258,3 +258,33 @@ def test_printing_and_sync_points(remote):
     assert r.tolist() == x.tolist()
     assert torch.equal(torch.nonzero(r > 2).cpu(), torch.nonzero(x > 2))
     assert torch.equal(r[r > 2].cpu(), x[x > 2])
+
+
+def test_downloads_of_views_with_odd_strides(remote):
+    # contiguous views whose size-1 dims keep their base's strides, 0-dim and empty ones
+    x = torch.arange(60.0).reshape(3, 4, 5)
+    r = x.to(R)
+    views = {
+        "one element, row stride": lambda t: t[0, :1, 2],
+        "one element, 2-d": lambda t: t[1, 2:3, 3:4],
+        "transposed one element": lambda t: t[0, :1, 2:3].t(),
+        "size-1 leading dims": lambda t: t[1:2, 3:4, :],
+        "0-dim": lambda t: t[2, 1, 4],
+        "empty": lambda t: t[:0, 1],
+        "empty, 3-d": lambda t: t[:, :0, 1:2],
+        "bool": lambda t: (t > 30)[2, :1, 3],
+        "int64": lambda t: t.long()[1, 2:3, 4:5],
+    }
+    for name, view in views.items():
+        got, want = view(r), view(x)
+        back = got.cpu()
+        assert back.shape == want.shape and back.dtype == want.dtype, name
+        assert torch.equal(back, want), name
+        assert repr(got).replace(", device='remote_accel:0'", "") == repr(want), name
+    # and uploads into such views
+    dst = torch.zeros(3, 4, 5, device=R)
+    dst[0, :1, 2].copy_(torch.tensor([7.0]))
+    dst[2, 1, 4] = 9.0
+    want = torch.zeros(3, 4, 5)
+    want[0, 0, 2], want[2, 1, 4] = 7.0, 9.0
+    assert torch.equal(dst.cpu(), want)

@@ -1,0 +1,80 @@
+"""Backward passes whose gradients once went wrong on the device, each against CPU's:
+transposed convolutions with a bias (the bias gradient's size), and ops whose formulas
+make PyTorch's storage-less zero tensors (`_efficientzerotensor`). A real CPU server
+process over TCP.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remote_accel
+from remote_accel.server.testing import ServerProcess
+
+R = "remote_accel"
+
+
+@pytest.fixture(scope="module")
+def remote():
+    with ServerProcess(token="grads") as server:
+        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token="grads")
+        yield server
+        remote_accel.shutdown()
+
+
+def _grads(module, inputs):
+    out = module(inputs)
+    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.device))
+    return out, inputs.grad, [p.grad for p in module.parameters()]
+
+
+@pytest.mark.parametrize("cls, in_ch, out_ch, kwargs", [
+    (nn.ConvTranspose1d, 4, 6, {"groups": 2, "stride": 2}),
+    (nn.ConvTranspose1d, 3, 5, {}),
+    (nn.ConvTranspose2d, 3, 5, {"stride": 2, "output_padding": 1}),
+    (nn.ConvTranspose2d, 6, 4, {"groups": 2, "padding": 1}),
+    (nn.ConvTranspose2d, 6, 9, {"groups": 3, "dilation": 2}),
+    (nn.ConvTranspose3d, 4, 2, {"groups": 2}),
+    (nn.ConvTranspose3d, 2, 3, {"stride": 2}),
+    (nn.Conv2d, 6, 4, {"groups": 2}),  # the plain convolution's bias gradient, unchanged
+])
+def test_transposed_convolution_gradients(remote, cls, in_ch, out_ch, kwargs):
+    torch.manual_seed(0)
+    cpu = cls(in_ch, out_ch, 3, bias=True, **kwargs)
+    dev = copy.deepcopy(cpu).to(R)
+    dims = {nn.ConvTranspose1d: 1, nn.ConvTranspose2d: 2, nn.ConvTranspose3d: 3, nn.Conv2d: 2}[cls]
+    x = torch.randn(2, in_ch, *([5] * dims), requires_grad=True)
+    want = _grads(cpu, x)
+    # twice: the second call is served from the plans the first made (csrc/op_queue.cpp)
+    for _ in range(2):
+        dev.zero_grad()
+        got = _grads(dev, x.detach().to(R).requires_grad_())
+        torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), got), want,
+                                   rtol=1e-4, atol=1e-4)
+    assert dev.bias.grad.shape == (out_ch,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("fn", [torch.sgn, torch.abs, lambda t: torch.sgn(t) * t.abs() ** 2, torch.angle],
+                         ids=["sgn", "abs", "sgn*abs2", "angle"])
+def test_gradients_through_zero_tensors(remote, fn, dtype):
+    torch.manual_seed(1)
+    x = torch.randn(7, dtype=dtype)
+    x[3] = 0  # where sgn's and abs's formulas special-case zero
+    leaf = x.clone().requires_grad_()
+    fn(leaf).abs().sum().backward()
+    for _ in range(2):
+        dev = x.to(R).requires_grad_()
+        fn(dev).abs().sum().backward()
+        torch.testing.assert_close(dev.grad.cpu(), leaf.grad)
+
+
+def test_efficient_zero_tensor_on_the_device(remote):
+    z = torch._efficientzerotensor((2, 3), dtype=torch.complex64, device=R)
+    assert torch.equal(z.cpu(), torch.zeros(2, 3, dtype=torch.complex64))
+    assert torch.equal((z + 1).cpu(), torch.ones(2, 3, dtype=torch.complex64))
+    assert repr(torch._efficientzerotensor(3, device=R)) == "tensor([0., 0., 0.], device='remote_accel:0')"
