@@ -38,6 +38,20 @@ _CPU_EVAL_BATCH_NORM = {
     "aten::_batch_norm_no_update": None,
 }
 
+#: Normalisation ops whose CPU kernels keep their statistics (mean, rstd, save_mean,
+#: save_invstd) in a float16/bfloat16 input's own dtype unless a parameter is float32
+#: (ATen's param_scalar_type), where the meta kernels (and CUDA's) keep them in float32:
+#: op -> positions of those results.
+_CPU_REDUCED_PRECISION_STATS = {
+    "aten::native_layer_norm": (1, 2),
+    "aten::native_batch_norm": (1, 2),
+    "aten::_native_batch_norm_legit": (1, 2),
+    "aten::_native_batch_norm_legit.no_stats": (1, 2),
+    "aten::_native_batch_norm_legit_no_training": (1, 2),
+    "aten::_batch_norm_with_update": (1, 2),
+    "aten::_batch_norm_no_update": (1, 2),
+}
+
 _CACHE_LIMIT = 1 << 16
 _cache: dict = {}
 
@@ -200,6 +214,9 @@ def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> 
     """Adjust a plan where the server's kernels give other shapes than the meta kernels."""
     name = op_name(op)
     if server_device_type == "cpu":
+        stats = _CPU_REDUCED_PRECISION_STATS.get(name)
+        if stats is not None:
+            plan = _stats_in_input_dtype(plan, args, stats)
         training_at = _CPU_EVAL_BATCH_NORM.get(name, -1)
         if training_at == -1:
             return plan
@@ -209,6 +226,19 @@ def for_server_device(op, plan: Plan, args, kwargs, server_device_type: str) -> 
     if server_device_type == "cuda" and name == "aten::log_sigmoid_forward":
         return _emptied(plan, (1,))  # CUDA keeps no buffer for the backward
     return plan
+
+
+def _stats_in_input_dtype(plan: Plan, args, positions) -> Plan:
+    x = args[0]
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return plan
+    if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args[1:]):
+        return plan  # mixed precision: float32 statistics on CPU too
+    results = list(plan.results)
+    for i in positions:  # ("tensor", shape, stride, dtype)
+        if results[i][0] == "tensor":
+            results[i] = results[i][:3] + (x.dtype,)
+    return Plan(tuple(results))
 
 
 def _emptied(plan: Plan, positions) -> Plan:

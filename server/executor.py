@@ -53,6 +53,27 @@ def flatten(result: Any) -> list:
     return [result]
 
 
+def _settle_lazy_bits(decoded: list) -> None:
+    """Some kernels flip an out= tensor's conj or neg bit in place instead of writing the
+    values (CPU's linalg_lu_solve.out conjugates its result so). The client's tensor keeps
+    the flags it sent: rewrite the bytes so that, read with those flags, they hold the
+    values the kernel meant."""
+    for t, flags in decoded:
+        conj, neg = bool(flags & torch_values.FLAG_CONJ), bool(flags & torch_values.FLAG_NEG)
+        if t.is_conj() == conj and t.is_neg() == neg:
+            continue
+        values = t.resolve_conj().resolve_neg()
+        if values.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            values = values.clone()
+        target = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        if conj:
+            target = target.conj()
+        if neg:
+            target = torch._neg_view(target)
+        target.copy_(values)
+
+
 def _count_holes(value: Any) -> int:
     """RunPlanned holes in a wire value: its tensor references and inline CPU tensors."""
     t = type(value)
@@ -110,12 +131,16 @@ class Executor:
         self._failed: set[int] = set()
 
     # -- arguments ----------------------------------------------------------------------------
-    def decode(self, value: Any, touched: list, graph_values: Optional[list] = None) -> Any:
+    def decode(self, value: Any, touched: list, graph_values: Optional[list] = None,
+               decoded: Optional[list] = None) -> Any:
         def resolve(code: int, payload: Any) -> Any:
             if code == torch_values.TENSOR:
                 ref = parse_ref(payload)
                 touched.append(ref.sid)
-                return self._tensor(ref)
+                t = self._tensor(ref)
+                if decoded is not None:
+                    decoded.append((t, ref.flags))
+                return t
             if code == torch_values.GENERATOR:
                 return self.generators.resolve(payload)
             if code == torch_values.DEVICE:
@@ -151,8 +176,9 @@ class Executor:
         touched: list = []
         try:
             resolved = ops.resolve(msg.op)
-            args = self.decode(msg.args, touched)
-            kwargs = self.decode(msg.kwargs, touched)
+            decoded: list = []
+            args = self.decode(msg.args, touched, decoded=decoded)
+            kwargs = self.decode(msg.kwargs, touched, decoded=decoded)
             if msg.reply:
                 self._check_reply_outs(msg.outs)
             else:
@@ -160,6 +186,7 @@ class Executor:
             if msg.stream is not None and resolved.seeded:
                 self._sync_default_stream(msg.stream)
             flat = flatten(self._call(resolved, args, kwargs))
+            _settle_lazy_bits(decoded)
             self.ops_done += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
         except BaseException:

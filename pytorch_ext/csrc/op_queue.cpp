@@ -628,9 +628,13 @@ void install_op_fallback(py::function slow_path, py::function flush, int64_t all
   auto* every_op = new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
   every_op->fallback(torch::CppFunction::makeFromBoxedFunction<&op_fallback>());
   // These have a throwing default kernel, so the fallback never sees them unless named;
-  // the server runs them as convolution(_backward).
+  // the server runs them as convolution(_backward). The norms have a generic
+  // decomposition (CompositeExplicitAutograd) that would otherwise run here op by op, in
+  // the input's precision: named, the server runs the fused kernel that CPU and CUDA run,
+  // which accumulates float16/bfloat16 in float32.
   auto* named = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
-  for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable"}) {
+  for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
+                           "native_group_norm"}) {
     named->impl(name, torch::CppFunction::makeFromBoxedFunction<&op_fallback>());
   }
 }

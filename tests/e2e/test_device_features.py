@@ -288,3 +288,19 @@ def test_downloads_of_views_with_odd_strides(remote):
     want = torch.zeros(3, 4, 5)
     want[0, 0, 2], want[2, 1, 4] = 7.0, 9.0
     assert torch.equal(dst.cpu(), want)
+
+
+def test_out_kernels_that_flip_the_conj_bit(remote):
+    # CPU's linalg_lu_solve.out (which the functional call reaches for this device) marks
+    # its out= tensor conjugated instead of writing the values
+    torch.manual_seed(3)
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    lu, piv = torch.linalg.lu_factor(a)
+    b = torch.randn(4, 3, dtype=torch.complex64)
+    for left, adjoint, rhs in ((False, True, b), (False, False, b), (True, True, b.mT)):
+        want = torch.linalg.lu_solve(lu, piv, rhs, left=left, adjoint=adjoint)
+        got = torch.linalg.lu_solve(lu.to(R), piv.to(R), rhs.to(R), left=left, adjoint=adjoint)
+        torch.testing.assert_close(got.cpu(), want)
+        out = torch.empty_like(want, device=R)
+        torch.linalg.lu_solve(lu.to(R), piv.to(R), rhs.to(R), left=left, adjoint=adjoint, out=out)
+        torch.testing.assert_close(out.cpu(), want)

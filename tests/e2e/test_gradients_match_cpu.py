@@ -78,3 +78,21 @@ def test_efficient_zero_tensor_on_the_device(remote):
     assert torch.equal(z.cpu(), torch.zeros(2, 3, dtype=torch.complex64))
     assert torch.equal((z + 1).cpu(), torch.ones(2, 3, dtype=torch.complex64))
     assert repr(torch._efficientzerotensor(3, device=R)) == "tensor([0., 0., 0.], device='remote_accel:0')"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [lambda: nn.LayerNorm(3), lambda: nn.GroupNorm(2, 6), lambda: nn.BatchNorm1d(6)],
+                         ids=["layer_norm", "group_norm", "batch_norm"])
+def test_reduced_precision_norms_match_cpu_kernels(remote, make, dtype):
+    # the server runs CPU's fused kernels (float32 accumulation), not a decomposition in
+    # the input's precision, and its statistics come back in the dtype CPU gives them
+    torch.manual_seed(2)
+    cpu = make().to(dtype)
+    dev = copy.deepcopy(cpu).to(R)
+    x = torch.randn(4, 6, 3, dtype=dtype) * 5 + 3
+    want = _grads(cpu, x.clone().requires_grad_())
+    got = _grads(dev, x.to(R).requires_grad_())
+    torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), got), want, rtol=0, atol=0)
+    x = x.to(R)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [3], None, None, 1e-5)
+    assert mean.dtype == rstd.dtype == dtype  # as on CPU
