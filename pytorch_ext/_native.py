@@ -42,6 +42,8 @@ def load() -> types.ModuleType:
 
         check_torch_version(torch.__version__)
         module = importlib.import_module("._C", __package__)
+    except UnavailableError:  # an ImportError too: the torch check's own message says it all
+        raise
     except ImportError as exc:
         raise UnavailableError(f"the remote_accel C++ device extension is not available ({exc}); {_REBUILD}") from exc
     if module.version() != __version__:
