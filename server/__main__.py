@@ -88,6 +88,26 @@ def _int_range(lo: int, hi: int):
     return parse
 
 
+def parse_namespaces(text: str) -> Optional[dict]:
+    """'auto' -> None (the default libraries that import); 'none' -> {} (aten only);
+    'torchvision,mylib=my_pkg.ops' -> {namespace: module whose import registers its ops}."""
+    from .ops import MODULE, NAMESPACE
+
+    text = text.strip()
+    if text == "auto":
+        return None
+    if text in ("none", ""):
+        return {}
+    namespaces = {}
+    for item in text.split(","):
+        namespace, sep, module = item.strip().partition("=")
+        module = module if sep else namespace
+        if not NAMESPACE.match(namespace) or not MODULE.match(module):
+            raise argparse.ArgumentTypeError(f"bad op namespace {item.strip()!r}: expected NAMESPACE or NAMESPACE=MODULE")
+        namespaces[namespace] = module
+    return namespaces
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -143,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on "
                         f"{config.DEFAULT_METRICS_HOST}, port 0..65535, 0 picks a free one; --metrics alone: "
                         f"{config.DEFAULT_METRICS} (default: off)")
+    p.add_argument("--op-namespaces", type=parse_namespaces, default=None, metavar="auto|none|NS[=MODULE],...",
+                   help="libraries whose registered ops (NS::op, e.g. torchvision::nms) clients may run besides "
+                        "aten; each is imported at start-up (MODULE, default NS) and must import, or the server "
+                        "exits with status 2. auto: torchvision where it imports; none: aten only (default: auto)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
@@ -256,13 +280,14 @@ def main(argv: Optional[list] = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # torch loads only now, so that --help and bad options answer at once.
-    from . import auth
+    from . import auth, ops
     from .device import ComputeDevice, parse_device
     from .service import Server
 
     token_file = args.token_file or config.default_token_file()
     metrics = None
     try:
+        namespaces = ops.enable_namespaces(args.op_namespaces)
         device = ComputeDevice(parse_device(args.device))
         token = auth.load_or_create(token_file)
         metrics = open_metrics(args.metrics)
@@ -278,7 +303,8 @@ def main(argv: Optional[list] = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
-             "at most %d clients", __version__, device.name, server.session_limit, token_file, args.max_clients)
+             "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
+             args.max_clients, ",".join(namespaces))
     if metrics is not None:
         from .metrics import registry
 

@@ -1,24 +1,75 @@
-"""Which callables an op name from the wire may reach: torch.ops.aten, and a short table.
+"""Which callables an op name from the wire may reach: torch.ops.aten, the ops of the
+libraries the server's configuration enables (torchvision::nms, ...), and a short table.
 
-A name is checked against a strict pattern before any lookup, must resolve to a real
-OpOverload registered with the dispatcher (JIT-only builtins such as aten::save are not),
-and must not be on the deny list. Nothing else is ever looked up by name.
+A name is checked against a strict pattern before any lookup, must name an enabled
+namespace, must resolve to a real OpOverload registered with the dispatcher (JIT-only
+builtins such as aten::save are not), and must not be on the deny list. Nothing is ever
+imported or looked up by a name from the wire: libraries are imported at start-up, from
+the server's own configuration (enable_namespaces).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import re
 from typing import Callable, Optional
 
 import torch
 
+from ..errors import ConfigError
 from .failure import UNKNOWN_OP, Failure
 
-_NAME = re.compile(r"aten::([A-Za-z_][A-Za-z0-9_]{0,127})(?:\.([A-Za-z_][A-Za-z0-9_]{0,63}))?\Z")
+log = logging.getLogger(__name__)
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+_NAME = re.compile(rf"({_IDENT})::([A-Za-z_][A-Za-z0-9_]{{0,127}})(?:\.({_IDENT}))?\Z")
+NAMESPACE = re.compile(rf"{_IDENT}\Z")
+MODULE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
 
 #: Ops that reach outside the tensor world (the server's files, its stdout) or that
 #: raise device-side asserts, which on CUDA poison the context of every session.
-DENIED = frozenset({"from_file", "_print"})
+DENIED = frozenset({"aten::from_file", "aten::_print"})
+
+#: Libraries whose ops a server serves by default, when they import there: namespace ->
+#: the module whose import registers its ops.
+DEFAULT_NAMESPACES = {"torchvision": "torchvision"}
+
+_enabled: set[str] = {"aten"}
+#: namespace -> why this server does not serve it (its library did not import)
+_unavailable: dict[str, str] = {}
+
+
+def enable_namespaces(namespaces: Optional[dict[str, str]]) -> list[str]:
+    """Serve the ops of these libraries (namespace -> module to import) besides aten.
+
+    None: DEFAULT_NAMESPACES, each where it imports (one that does not is logged, and its
+    ops fail with a message that says so). Named explicitly, a library that does not
+    import raises ConfigError: the operator asked for it. Returns the namespaces served.
+    """
+    explicit = namespaces is not None
+    _enabled.intersection_update({"aten"})
+    _unavailable.clear()
+    _cache.clear()
+    for namespace, module in (DEFAULT_NAMESPACES if namespaces is None else namespaces).items():
+        if namespace == "aten":
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # an ImportError, or a library that fails beside this torch
+            why = f"importing {module} failed: {type(exc).__name__}: {exc}"
+            if explicit:
+                raise ConfigError(f"op namespace {namespace!r}: {why}") from None
+            log.info("not serving %s:: ops: %s", namespace, why)
+            _unavailable[namespace] = why
+            continue
+        _enabled.add(namespace)
+    return sorted(_enabled)
+
+
+def namespaces() -> list[str]:
+    """The op namespaces this server serves."""
+    return sorted(_enabled)
 
 
 # -- substitutes: ops a client may send that the server runs another way -------------------
@@ -98,6 +149,15 @@ def _unknown(name: str, why: str) -> Failure:
     return Failure(UNKNOWN_OP, f"op {name[:200]!r} {why}")
 
 
+def _not_served(namespace: str) -> str:
+    why = _unavailable.get(namespace)
+    if why is not None:
+        return (f"needs {namespace} on the server, which cannot load it ({why[:300]}): "
+                f"install {namespace} where the server runs")
+    return (f"is in namespace {namespace!r}, which this server does not serve (it serves "
+            f"{', '.join(namespaces())}): start it with --op-namespaces {namespace} to allow its ops")
+
+
 def resolve(name) -> Resolved:
     """Op name from the wire -> Resolved; Failure(unknown_op) for anything else."""
     if type(name) is not str:
@@ -107,22 +167,25 @@ def resolve(name) -> Resolved:
         return hit
     match = _NAME.match(name)
     if match is None:
-        raise _unknown(name, "is not an aten op name (expected aten::name or aten::name.overload)")
+        raise _unknown(name, "is not an op name (expected namespace::name or namespace::name.overload)")
+    namespace, op_name, overload = match.group(1), match.group(2), match.group(3) or "default"
+    if namespace not in _enabled:
+        raise _unknown(name, _not_served(namespace))
     if name in SUBSTITUTES:
         resolved = Resolved(name, SUBSTITUTES[name], None)
     else:
-        op_name, overload = match.group(1), match.group(2) or "default"
-        if op_name in DENIED:
+        if f"{namespace}::{op_name}" in DENIED:
             raise _unknown(name, "is not allowed on this server")
         try:
-            packet = getattr(torch.ops.aten, op_name)
+            # only an enabled namespace's object is ever asked for an attribute
+            packet = getattr(getattr(torch.ops, namespace), op_name)
         except (AttributeError, RuntimeError):
-            raise _unknown(name, "does not exist in torch.ops.aten") from None
+            raise _unknown(name, f"does not exist in torch.ops.{namespace}") from None
         if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
-            raise _unknown(name, "does not exist in torch.ops.aten")
+            raise _unknown(name, f"does not exist in torch.ops.{namespace}")
         op = getattr(packet, overload)
         try:
-            torch._C._dispatch_find_schema_or_throw(f"aten::{op_name}", "" if overload == "default" else overload)
+            torch._C._dispatch_find_schema_or_throw(f"{namespace}::{op_name}", "" if overload == "default" else overload)
         except RuntimeError:
             raise _unknown(name, "is not a dispatcher op") from None
         resolved = Resolved(name, op, op._schema)

@@ -9,6 +9,7 @@ here). A crash in the child (e.g. a segfault) fails the test.
 from __future__ import annotations
 
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,50 @@ def test_missing_extension_raises_unavailable_error():
         """,
         prelude="",
     )
+
+
+def test_build_records_the_torch_it_compiled_against():
+    run_scenario(
+        """
+        from remote_accel.pytorch_ext import _build_info
+        assert _build_info.TORCH_VERSION == torch.__version__, (_build_info.TORCH_VERSION, torch.__version__)
+        """,
+        prelude="import torch\n",
+    )
+
+
+def test_torch_changed_under_the_build_raises_before_loading_the_extension(tmp_path):
+    # The installed package, copied, with a build record of another torch: what a user has
+    # after `pip install torchvision` moved torch under a built remote_accel.
+    import remote_accel
+
+    copy = tmp_path / "remote_accel"
+    shutil.copytree(pathlib.Path(remote_accel.__file__).parent, copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "pytorch_ext" / "_build_info.py").write_text('TORCH_VERSION = "2.0.0"\n')
+    out = run_scenario(
+        """
+        import sys
+        import torch
+        import remote_accel
+        from remote_accel.errors import UnavailableError
+        assert remote_accel.__file__.startswith(COPY), remote_accel.__file__
+        try:
+            remote_accel.init(transport="tcp", server="127.0.0.1:9")
+        except UnavailableError as e:
+            print("ERROR:", e)
+        else:
+            raise AssertionError("init() under another torch than the build's must raise")
+        # refused before anything was loaded or registered
+        assert "remote_accel.pytorch_ext._C" not in sys.modules
+        assert torch._C._get_privateuse1_backend_name() == "privateuseone"
+        """,
+        prelude=f"import sys\nCOPY = {str(tmp_path)!r}\nsys.path.insert(0, COPY)\n",
+    )
+    import torch
+
+    assert "built against torch 2.0.0" in out and f"torch {torch.__version__} is installed now" in out, out
+    assert "Rebuild remote_accel for the torch now installed" in out and "is not available" not in out, out
 
 
 def test_factories_allocate_distinct_storages_without_the_fallback():

@@ -1,0 +1,30 @@
+"""A library that registers ops of its own namespace, `ra_test::`, the way torchvision and
+torchaudio do (a schema, a CPU kernel, a Meta kernel where shapes follow from metadata):
+tests import it on both sides to check that such ops run on the server without needing
+torchvision itself."""
+
+from __future__ import annotations
+
+import torch
+
+_lib = torch.library.Library("ra_test", "DEF")
+_lib.define("scale(Tensor x, float factor) -> Tensor")
+# its result's shape depends on the data: no Meta kernel, like torchvision::nms
+_lib.define("positive(Tensor x) -> Tensor")
+
+
+def _scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+def _scale_meta(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _positive(x: torch.Tensor) -> torch.Tensor:
+    return x[x > 0]
+
+
+_lib.impl("scale", _scale, "CPU")
+_lib.impl("scale", _scale_meta, "Meta")
+_lib.impl("positive", _positive, "CPU")
