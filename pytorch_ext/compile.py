@@ -55,13 +55,19 @@ class GraphProgram:
                 raise NotImplementedError(f"remote_accel graphs cannot hold {node.op} nodes")
         self.nodes = tuple(nodes)
         self.n_inputs = n_inputs
-        # result layouts: the graph run on meta copies of the example inputs
-        meta_inputs = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
-            for t in (*example_inputs, *self.constants)
-        ]
-        with torch.no_grad():
-            meta_out = gm(*meta_inputs)
+        # result layouts: the graph run on fake copies of the inputs (AOTAutograd's own
+        # fake mode, which also takes the graph's factories for remote_accel), else on meta
+        fake_mode = torch._guards.detect_fake_mode(example_inputs)
+        if fake_mode is not None:
+            with fake_mode, torch.no_grad():
+                meta_out = gm(*example_inputs, *(fake_mode.from_tensor(c, static_shapes=True) for c in self.constants))
+        else:
+            meta_inputs = [
+                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                if isinstance(t, torch.Tensor) else t for t in (*example_inputs, *self.constants)
+            ]
+            with torch.no_grad():
+                meta_out = gm(*meta_inputs)
         self.out_specs = tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor) else None for t in meta_out
         )
@@ -136,7 +142,7 @@ def _constants_as_inputs(gm: torch.fx.GraphModule) -> tuple:
         placeholders.append(ph)
         node.replace_all_uses_with(ph)
         gm.graph.erase_node(node)
-        constants.append(value.detach())
+        constants.append(value)
     if constants:
         gm.recompile()
     return tuple(constants)
