@@ -295,6 +295,7 @@ class GraphCompiler:
             entry, sig, copies, event = self._work.get()
             if event is not None:
                 event.synchronize()
+            compiles = entry.compiles
             try:
                 fn = self._callable(entry)
                 self._warming.on = True
@@ -305,10 +306,13 @@ class GraphCompiler:
             except Exception as exc:
                 self._give_up(entry, exc)
                 fn = None
-            with self._lock:
+            with self._lock:  # counted once the code is ready to use
                 entry.pending.discard(sig)
                 if fn is not None and entry.failed is None:
                     entry.ready[sig] = fn
+                self.counters["graph_compiles"] += entry.compiles - compiles
+                if compiles == 0 and entry.compiles > 0:
+                    self.counters["graphs_compiled"] += 1
             del copies
 
     def _callable(self, entry: CompiledGraph) -> Callable:
@@ -338,11 +342,7 @@ class GraphCompiler:
         start = time.perf_counter()
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - start
-        with self._lock:
-            entry.compiles += 1
-            self.counters["graph_compiles"] += 1
-            if entry.compiles == 1:
-                self.counters["graphs_compiled"] += 1
+        entry.compiles += 1
         shapes = [tuple(a.shape) for a in example_inputs if isinstance(a, torch.Tensor)][:3]
         log.info("graph %s: %d nodes compiled by Inductor (%s shapes%s) in %.2f s; inputs %s...",
                  entry.key[:12], entry.n_nodes, "static" if static else "dynamic",
@@ -351,13 +351,12 @@ class GraphCompiler:
             return compiled
         warming, scratch = self._warming, Generators(self.device)
 
-        def run(args):
+        def run(*args):
             if getattr(warming, "on", False):  # a compilation run: keep the sessions' streams untouched
                 with scratch.as_device_default():
-                    return compiled(args)
-            return compiled(args)
+                    return compiled(*args)
+            return compiled(*args)
 
-        run._boxed_call = True  # compile_fx's callables take their inputs as one list
         return run
 
     def _give_up(self, entry: CompiledGraph, exc: Exception) -> None:
