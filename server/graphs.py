@@ -4,10 +4,12 @@ Replaying a graph node by node in Python costs several microseconds per node on 
 call; compiled once, a whole forward or backward runs as a few fused kernels. A graph
 the server decoded is rebuilt here as an fx.GraphModule whose every node is an op that
 `ops.resolve` allows (the same allowlist as eager ops: nothing else is ever looked up),
-then handed to `torch.compile` with Inductor. Dynamo guards on the input shapes: a new
-shape recompiles, the second recompile goes dynamic, and past Dynamo's recompile limit
-the graph runs uncompiled, as torch.compile does locally. On CUDA, graphs with static
-shapes also run as CUDA graphs (Inductor's cudagraph trees).
+then handed to `torch.compile` with Inductor. Compiled code is kept per input signature
+(shapes, strides, dtypes): the first STATIC_SIGNATURES signatures are compiled for static
+shapes, later ones share one dynamic-shape compilation, and past MAX_SIGNATURES calls
+are replayed, much as torch.compile recompiles and then goes dynamic locally. On CUDA,
+static-shape code also runs as CUDA graphs (Inductor's cudagraph trees; untested here:
+no GPU was lent for this change). Compiling runs in a thread of its own (GraphCompiler).
 
 Graphs are cached per server by a hash of their wire encoding, so a second client (or a
 rerun of a program, which numbers its graphs anew) compiles nothing. A graph that cannot
