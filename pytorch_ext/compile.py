@@ -4,6 +4,11 @@ AOTAutograd hands us the forward and backward aten graphs. Each graph is sent to
 server once (RunGraph with its nodes); later calls send only the graph id, the input
 references and where to put the outputs, so a compiled training step costs one message
 for the forward and one for the backward instead of one per op.
+
+Graph constants (get_attr nodes: tensors a model makes in its forward, lifted by Dynamo
+as `_tensor_constantN`) travel as extra inputs after the graph's own: small CPU ones by
+value at every call, remote ones (and CPU ones too large to inline, uploaded once per
+device) by reference. The server compiles each graph it receives (server/graphs.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class GraphProgram:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         self.graph_id = next(_graph_ids)
         self.sent_to: set = set()
+        self.constants = _constants_as_inputs(gm)
+        self._uploaded: dict = {}  # (constant number, device index) -> its remote copy
         slot: dict = {}
         n_inputs = 0
         nodes = []
@@ -48,13 +55,19 @@ class GraphProgram:
                 raise NotImplementedError(f"remote_accel graphs cannot hold {node.op} nodes")
         self.nodes = tuple(nodes)
         self.n_inputs = n_inputs
-        # result layouts: the graph run on meta copies of the example inputs
-        meta_inputs = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
-            for t in example_inputs
-        ]
-        with torch.no_grad():
-            meta_out = gm(*meta_inputs)
+        # result layouts: the graph run on fake copies of the inputs (AOTAutograd's own
+        # fake mode, which also takes the graph's factories for remote_accel), else on meta
+        fake_mode = torch._guards.detect_fake_mode(example_inputs)
+        if fake_mode is not None:
+            with fake_mode, torch.no_grad():
+                meta_out = gm(*example_inputs, *(fake_mode.from_tensor(c, static_shapes=True) for c in self.constants))
+        else:
+            meta_inputs = [
+                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                if isinstance(t, torch.Tensor) else t for t in (*example_inputs, *self.constants)
+            ]
+            with torch.no_grad():
+                meta_out = gm(*meta_inputs)
         self.out_specs = tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor) else None for t in meta_out
         )
@@ -85,6 +98,8 @@ class GraphProgram:
         index = device.index or 0
         session = runtime.session(index)
         refs = tuple(handles.tensor_ref(t, index) if isinstance(t, torch.Tensor) else t for t in inputs)
+        if self.constants:
+            refs += tuple(self._constant_ref(k, t, index) for k, t in enumerate(self.constants))
         results, outs = [], []
         for spec in self.out_specs:
             if spec is None:
@@ -101,8 +116,40 @@ class GraphProgram:
         return results
 
 
+    def _constant_ref(self, k: int, t: torch.Tensor, index: int):
+        if t.device.type == "cpu" and t.nbytes > tv.MAX_INLINE_BYTES:
+            remote = self._uploaded.get((k, index))
+            if remote is None:
+                remote = self._uploaded[(k, index)] = t.to(torch.device("remote_accel", index))
+            t = remote
+        return handles.tensor_ref(t, index)
+
+
+def _constants_as_inputs(gm: torch.fx.GraphModule) -> tuple:
+    """Turn get_attr nodes into placeholders after the graph's own; returns their tensors."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = []
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = operator.attrgetter(node.target)(gm)
+        if not isinstance(value, torch.Tensor):
+            raise NotImplementedError(f"remote_accel graphs cannot hold a {type(value).__name__} attribute")
+        where = (gm.graph.inserting_after(placeholders[-1]) if placeholders
+                 else gm.graph.inserting_before(next(iter(gm.graph.nodes))))
+        with where:
+            ph = gm.graph.placeholder(f"constant_{len(constants)}")
+        placeholders.append(ph)
+        node.replace_all_uses_with(ph)
+        gm.graph.erase_node(node)
+        constants.append(value)
+    if constants:
+        gm.recompile()
+    return tuple(constants)
+
+
 def _no_constants(t):
-    raise NotImplementedError("tensor constants inside a compiled graph are not supported")
+    raise NotImplementedError("tensor values inside a compiled graph's nodes are not supported")
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs):

@@ -28,6 +28,7 @@ from ..errors import ProtocolError
 from . import ops
 from .device import ComputeDevice
 from .failure import BAD_HANDLE, OP, Failure
+from .graphs import CompiledGraph, GraphCompiler
 from .rng import Generators
 from .storage import EMPTY_SID, StorageTable, TensorRef, is_sid, parse_ref
 
@@ -135,13 +136,16 @@ class Executor:
     run there (native.Executor, shared with the StorageTable), in batches with the GIL
     released; this class defines the templates and runs everything else."""
 
-    def __init__(self, device: ComputeDevice, table: StorageTable, generators: Generators):
+    def __init__(self, device: ComputeDevice, table: StorageTable, generators: Generators,
+                 graphs: Optional[GraphCompiler] = None):
         self.device = device
         self.table = table
         self.native = table.native
         self.generators = generators
+        self.graphs = graphs  # the server's compiled graphs; None: replay every graph
         self._python_ops = 0
-        self._graphs: dict[int, tuple[tuple, tuple]] = {}
+        # id -> (nodes, outputs, the compiled graph or None)
+        self._graphs: dict[int, tuple[tuple, tuple, Optional[CompiledGraph]]] = {}
         self._plans: dict[int, tuple[RunOp, int]] = {}  # id -> (the defining RunOp, its holes)
         # The storages whose producing op failed (later uses fail with a message that says
         # why) are kept by the C++ side, which also runs ops.
@@ -436,37 +440,49 @@ class Executor:
     def run_graph(self, msg: RunGraph) -> None:
         """Run a captured graph. Values are numbered inputs first, then one per node, so
         Ext(GRAPH_VALUE, i) is value i and Ext(GRAPH_VALUE, (i, j)) element j of value i.
-        A graph sent once with its nodes may be run again by id with `nodes` empty."""
+        A graph sent once with its nodes may be run again by id with `nodes` empty.
+        Graphs run compiled (see graphs.py) where they can, else node by node."""
         touched: list = []
         try:
-            nodes, outputs = self._graph(msg)
+            nodes, outputs, compiled = self._graph(msg)
             if msg.stream is not None:
                 self._sync_default_stream(msg.stream)
             values = [self.decode(v, touched) for v in msg.inputs]
             refs = self._plan_outs(msg.outs)
-            for k, node in enumerate(nodes):
-                resolved = ops.resolve(node[0])
-                args = self.decode(node[1], touched, values)
-                kwargs = self.decode(node[2], touched, values)
-                try:
-                    values.append(self._call(resolved, args, kwargs))
-                except Exception as exc:
-                    exc.add_note(f"in node {k} ({node[0]}) of graph {msg.graph_id}")
-                    raise
-                self._python_ops += 1
-            self._bind(flatten([self.decode(o, touched, values) for o in outputs]), refs, touched)
+            if compiled is not None and len(values) == compiled.n_inputs and outputs == compiled.outputs:
+                extras = [self.decode(v, touched) for v in compiled.extras]
+                flat = flatten(self.graphs.run(compiled, values, extras, self.generators,
+                                               lambda: self._replay(msg.graph_id, nodes, outputs, list(values),
+                                                                    touched)))
+                self._python_ops += len(nodes)
+            else:
+                flat = self._replay(msg.graph_id, nodes, outputs, values, touched)
+            self._bind(flat, refs, touched)
         except BaseException:
             self.mark_failed(msg.outs)
             self._resync_quietly(touched)
             raise
         self.table.resync(touched)
 
-    def _graph(self, msg: RunGraph) -> tuple[tuple, tuple]:
+    def _replay(self, graph_id: int, nodes: tuple, outputs: tuple, values: list, touched: list) -> list:
+        for k, node in enumerate(nodes):
+            resolved = ops.resolve(node[0])
+            args = self.decode(node[1], touched, values)
+            kwargs = self.decode(node[2], touched, values)
+            try:
+                values.append(self._call(resolved, args, kwargs))
+            except Exception as exc:
+                exc.add_note(f"in node {k} ({node[0]}) of graph {graph_id}")
+                raise
+            self._python_ops += 1
+        return flatten([self.decode(o, touched, values) for o in outputs])
+
+    def _graph(self, msg: RunGraph) -> tuple[tuple, tuple, Optional[CompiledGraph]]:
         if not msg.nodes:
             cached = self._graphs.get(msg.graph_id)
             if cached is None:
                 raise Failure(BAD_HANDLE, f"graph {msg.graph_id} was never sent")
-            return cached[0], msg.outputs or cached[1]
+            return cached[0], msg.outputs or cached[1], cached[2]
         if len(msg.nodes) > MAX_GRAPH_NODES:
             raise ProtocolError(f"a graph may hold at most {MAX_GRAPH_NODES} nodes")
         for node in msg.nodes:
@@ -474,12 +490,13 @@ class Executor:
                     or type(node[1]) not in (tuple, list) or type(node[2]) is not dict):
                 raise ProtocolError("graph nodes must be (op, args, kwargs)")
         self._graphs.pop(msg.graph_id, None)
-        held = sum(len(nodes) for nodes, _ in self._graphs.values())
+        held = sum(len(entry[0]) for entry in self._graphs.values())
         while self._graphs and (len(self._graphs) >= MAX_GRAPHS or held + len(msg.nodes) > MAX_GRAPH_NODES):
             oldest = next(iter(self._graphs))
             held -= len(self._graphs.pop(oldest)[0])
-        self._graphs[msg.graph_id] = (msg.nodes, msg.outputs)
-        return msg.nodes, msg.outputs
+        compiled = self.graphs.lookup(msg.nodes, msg.outputs, len(msg.inputs)) if self.graphs else None
+        self._graphs[msg.graph_id] = (msg.nodes, msg.outputs, compiled)
+        return msg.nodes, msg.outputs, compiled
 
     def clear(self) -> None:
         self._graphs.clear()

@@ -18,6 +18,7 @@ from ..errors import TransportClosed, TransportTimeout
 from .counters import Totals
 from .device import ComputeDevice
 from .failure import EXIT_DEVICE_LOST
+from .graphs import GraphCompiler
 from .session import HELLO_TIMEOUT_S, Session
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Server:
         self.session_limit = memory_limit or device.total_memory()
         self.max_clients = max_clients
         self.heartbeat_timeout = heartbeat_timeout
+        self.graphs = GraphCompiler(device)  # compiled RunGraph graphs, shared by every session
         self.stopping = False
         # The error that made the device unusable; kept so that the tensors its frames
         # hold are never freed (freeing on a lost CUDA context aborts the process).
@@ -138,6 +140,7 @@ class Server:
             "server_memory_allocated": sum(s.table.used for s in sessions),
             "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
             "max_clients": self.max_clients,
+            **self.graphs.stats(),
         }
 
     def snapshot(self) -> tuple[list, Totals, list]:

@@ -112,7 +112,7 @@ class Session:
         self._stream = self.device.new_stream()
         self.device.bind_thread(self._stream)
         torch.set_grad_enabled(False)  # thread-local: autograd is the client's business
-        self.executor = Executor(self.device, self.table, Generators(self.device))
+        self.executor = Executor(self.device, self.table, Generators(self.device), self.server.graphs)
         self.heartbeat.start()
         timeout = self.server.heartbeat_timeout
         while True:

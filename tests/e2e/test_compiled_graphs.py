@@ -1,0 +1,132 @@
+"""End to end: the server compiles the graphs of `torch.compile(backend="remote_accel")`.
+
+A real server process compiles with Inductor (g++ on a CPU server) in its compiler
+thread; until a graph is compiled it is replayed, so every result is checked both
+before and after. Graphs are tiny and few (each compile takes seconds on a small CPU).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remote_accel
+from remote_accel.pytorch_ext import runtime
+from remote_accel.server.testing import ServerProcess
+
+#: How long a test waits for the server's compiler thread (a loaded 2-core CI machine).
+COMPILE_WAIT_S = 900
+
+
+def _graph_stats() -> dict:
+    return {k: v for k, v in runtime.sessions()[0].stats().items() if k.startswith("graph")}
+
+
+def _wait_for_compiles(n: int) -> dict:
+    """Stats once the server has compiled (or given up on) `n` graphs or recompilations."""
+    deadline = time.monotonic() + COMPILE_WAIT_S
+    while True:
+        stats = _graph_stats()
+        if stats["graph_compiles"] + stats["graph_compile_failures"] >= n or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def remote(request):
+    env = getattr(request, "param", None)
+    with ServerProcess(env=env) as server:
+        host, port = server.tcp
+        # The server's compiler thread shares its GIL with the session: on a loaded 2-core
+        # machine a sync may wait longer than the default 10 s while a graph compiles.
+        remote_accel.init(transport="tcp", server=f"{host}:{port}", token=server.token, timeout=120)
+        torch._dynamo.reset()
+        yield server
+        remote_accel.shutdown()
+        torch._dynamo.reset()
+
+
+_TABLE = [i / 4096.0 for i in range(4096)]
+
+
+class WithConstants(nn.Module):
+    """Tensors made in forward: Dynamo lifts them as graph constants (get_attr)."""
+
+    def forward(self, x):
+        scale = torch.tensor(1.5)  # a CPU scalar: inlined on the wire at every call
+        weights = torch.tensor([0.5, -1.0, 2.0, 3.0], device=x.device)
+        table = torch.tensor(_TABLE, device=x.device).reshape(-1, 4)
+        return torch.relu(x * weights) * scale + table[: x.shape[0]]
+
+
+@torch.no_grad()
+def test_graph_with_constants_compiles_and_a_rerun_compiles_nothing(remote):
+    x = torch.randn(6, 4)
+    expected = WithConstants()(x)
+    compiled = torch.compile(WithConstants(), backend="remote_accel")
+    xr = x.to("remote_accel")
+    torch.testing.assert_close(compiled(xr).cpu(), expected)  # replayed while the server compiles
+    stats = _wait_for_compiles(1)
+    assert stats["graphs_compiled"] == 1 and stats["graph_compile_failures"] == 0, stats
+    torch.testing.assert_close(compiled(xr).cpu(), expected)
+    assert _graph_stats()["graph_runs_compiled"] == stats["graph_runs_compiled"] + 1
+
+    # A new program run (graphs numbered anew) sends the same graph: the server's cache has it.
+    torch._dynamo.reset()
+    again = torch.compile(WithConstants(), backend="remote_accel")
+    torch.testing.assert_close(again(xr).cpu(), expected)
+    after = _graph_stats()
+    assert after["graph_cache_hits"] == stats["graph_cache_hits"] + 1
+    assert after["graph_compiles"] == stats["graph_compiles"]  # nothing compiled again
+    assert after["graph_runs_compiled"] == stats["graph_runs_compiled"] + 2
+
+
+class Pointwise(nn.Module):
+    """No shapes in its graph: one graph whatever the batch, so the server sees new shapes."""
+
+    def forward(self, x):
+        return torch.relu(x) * 2.0 + torch.sigmoid(x)
+
+
+@torch.no_grad()
+def test_new_shapes_recompile_then_go_dynamic(remote):
+    model = Pointwise()
+    # static graphs on the client: each shape is its own graph id, with the same nodes
+    compiled = torch.compile(model, backend="remote_accel", dynamic=False)
+    compiles = 0
+    for rows in (3, 5, 7, 9):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x.to("remote_accel")).cpu(), model(x))
+        if rows <= 7:  # static, static, then one dynamic compilation that 9 rows reuses
+            compiles += 1
+            stats = _wait_for_compiles(compiles)
+            assert stats["graph_compiles"] == compiles, stats
+        torch.testing.assert_close(compiled(x.to("remote_accel")).cpu(), model(x))
+    stats = _graph_stats()
+    assert stats["graphs_compiled"] == 1 and stats["graph_compiles"] == 3, stats
+    assert stats["graph_compile_failures"] == 0
+    assert stats["graph_cache_hits"] == 3  # one wire graph per shape, one compiled graph
+
+
+@pytest.mark.parametrize("remote", [{"CXX": "/bin/false", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}],
+                         indirect=True, ids=["no-cxx"])
+def test_failed_compile_falls_back_to_replay(remote):
+    """A server whose C++ compiler is broken still gives the right results, and says why once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+        compiled = torch.compile(model.to("remote_accel"), backend="remote_accel")
+        first = compiled(x.to("remote_accel")).cpu()
+        stats = _wait_for_compiles(1)
+        assert stats["graph_compile_failures"] == 1 and stats["graph_compiles"] == 0, stats
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x.to("remote_accel")).cpu(), expected)
+    torch.testing.assert_close(first, expected)
+    assert _graph_stats()["graph_runs_replayed"] == 3
+    with open(remote.log_file) as f:
+        assert f.read().count("failed to compile and is replayed") == 1
