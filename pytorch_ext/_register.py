@@ -14,6 +14,10 @@ _lock = threading.Lock()
 
 
 def register_device() -> None:
+    """Every step may have run before: a registration that `import torch` started (see
+    _torch_hook) can stop half way, when torch was imported from inside our own imports,
+    and init() then finishes it. PyTorch's calls below refuse to run twice, hence the
+    checks."""
     global _done
     with _lock:
         if _done:
@@ -22,9 +26,12 @@ def register_device() -> None:
         from ._native import load
 
         native = load()
-        torch.utils.rename_privateuse1_backend("remote_accel")
-        torch._register_device_module("remote_accel", device_module)
-        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+        if torch._C._get_privateuse1_backend_name() != "remote_accel":
+            torch.utils.rename_privateuse1_backend("remote_accel")
+        if getattr(torch, "remote_accel", None) is not device_module:
+            torch._register_device_module("remote_accel", device_module)
+        if not hasattr(torch.Tensor, "is_remote_accel"):
+            torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         fallback.register()
         from .handles import install_generator_state_hooks
 
