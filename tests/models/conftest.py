@@ -36,10 +36,12 @@ def pytest_report_header(config):
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def remote():
-    """One CPU server process over TCP for the whole suite; torchvision:: ops are served
-    because torchvision imports there (the server's default)."""
+    """A CPU server process over TCP for each test module; torchvision:: ops are served
+    because torchvision imports there (the server's default). Module scope: the suites run
+    after this one in the same pytest run (device, e2e, server) init() sessions of their
+    own, which a session still open here would refuse."""
     import remote_accel
     from remote_accel.server.testing import ServerProcess
 
