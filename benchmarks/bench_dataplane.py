@@ -1,11 +1,15 @@
 """Data plane benchmark: bulk GB/s and small-message round trips, side by side, for
 memcpy of the same buffer (the limit), DPDK memif between two processes, and TCP
-loopback between two processes, plain and over TLS (what encryption costs).
+loopback between two processes, plain and over TLS (what encryption costs); then what a
+user sees: a tensor's round trip `y = x.to("remote_accel"); y.cpu()` through a real
+server over memif and over TCP, every round trip landing in fresh tensors on both sides
+as a training loop's batches do (GB/s counts the bytes both ways).
 
     python benchmarks/bench_dataplane.py                  # defaults: 64 MiB x 32, 20000 round trips
     python benchmarks/bench_dataplane.py --only tcp,tls   # TCP with and without TLS
     python benchmarks/bench_dataplane.py --busy-poll      # both ends spin (lowest latency, 2 cores busy)
     python benchmarks/bench_dataplane.py --json
+    python benchmarks/bench_dataplane.py --user-size 0     # transport level only
 
 The far end is this script in peer mode (`--peer tcp|dpdk`), in another process: it
 receives bulk messages into one reused buffer (so page faults of fresh memory do not
@@ -171,15 +175,61 @@ def run_tcp(args, runtime: str, tls: bool = False) -> dict:
     return result
 
 
-def table(rows: dict, small: int) -> str:
+# -- what a user sees ------------------------------------------------------------------
+def user_main(kind: str, size: int, rounds: int) -> int:
+    """In a process of its own (one session per process): a real server on CPU, then
+    `rounds` round trips of a `size`-byte tensor, fresh tensors each time; prints JSON."""
+    import torch
+
+    import remote_accel
+    from remote_accel.pytorch_ext import runtime
+    from remote_accel.server.testing import ServerProcess
+
+    with ServerProcess("--transport", "tcp" if kind == "tcp" else "tcp,dpdk") as server:
+        host, port = server.tcp
+        os.environ.update(server.client_env())  # the server's private memif socket
+        remote_accel.init(transport=kind, server=f"{host}:{port}", token=server.token)
+        x = torch.randint(0, 1 << 30, (size // 4,), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+        assert torch.equal(x.to("remote_accel").cpu(), x), "the tensor came back different"
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            y = x.to("remote_accel")
+            z = y.cpu()
+            times.append(time.perf_counter() - started)
+            del y, z  # as a loop's batches: the next round trip gets fresh tensors
+        stats = runtime.sessions()[0].transport.stats() if kind == "dpdk" else None
+        remote_accel.shutdown()
+    # median: a 2-core VM shared with other work has stray stalls
+    print(json.dumps({"bulk_gbps": 2 * size / float(np.median(times)) / 1e9, "rtt_p50_us": None,
+                      "rtt_p99_us": None, "stats": stats}), flush=True)
+    return 0
+
+
+def run_user(kind: str, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--user-peer", kind, "--user-size", str(args.user_size),
+           "--user-rounds", str(args.user_rounds)]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=900)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"user-level {kind} run failed (rc {out.returncode}): {out.stdout[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def table(rows: dict, small: int, user_size: int = 0) -> str:
     memcpy, tcp = rows["memcpy"]["bulk_gbps"], rows.get("tcp loopback", rows["memcpy"])["bulk_gbps"]
+    user_tcp = rows.get("user tcp", {}).get("bulk_gbps")
     out = [f"{'':16} {'bulk GB/s':>10} {'x TCP':>7} {'% memcpy':>9} {'RTT p50 us':>11} {'RTT p99 us':>11}"]
     for name, r in rows.items():
         p50 = f"{r['rtt_p50_us']:.1f}" if r["rtt_p50_us"] is not None else "-"
         p99 = f"{r['rtt_p99_us']:.1f}" if r["rtt_p99_us"] is not None else "-"
-        out.append(f"{name:16} {r['bulk_gbps']:10.2f} {r['bulk_gbps'] / tcp:7.2f} "
+        base = user_tcp if name.startswith("user") and user_tcp else tcp
+        out.append(f"{name:16} {r['bulk_gbps']:10.2f} {r['bulk_gbps'] / base:7.2f} "
                    f"{100 * r['bulk_gbps'] / memcpy:8.0f}% {p50:>11} {p99:>11}")
     out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply)")
+    if user_size:
+        out.append(f"(user: {user_size >> 20} MiB tensor, x.to('remote_accel').cpu() into fresh tensors, "
+                   "bytes both ways per second, median round trip; x TCP against user tcp)")
     return "\n".join(out)
 
 
@@ -202,12 +252,18 @@ def main(argv=None) -> int:
                    help="the receiver takes each bulk message into a new buffer (page faults count)")
     p.add_argument("--only", type=_kinds, default=KINDS, metavar="dpdk,tcp,tls",
                    help="which transports to measure (default: all three; memcpy always)")
+    p.add_argument("--user-size", type=int, default=256 * MIB,
+                   help="user-level round trip tensor bytes (default 256 MiB; 0: skip)")
+    p.add_argument("--user-rounds", type=int, default=6, help="user-level round trips (default 6)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--user-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--peer", choices=("tcp", "tls", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--cert", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
         return peer_main(args.peer, args.busy_poll, args.size, args.fresh, args.cert)
+    if args.user_peer:
+        return user_main(args.user_peer, args.user_size, args.user_rounds)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
     dpdk_stats = None
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
@@ -217,10 +273,19 @@ def main(argv=None) -> int:
             rows["tcp loopback"] = run_tcp(args, runtime)
         if "tls" in args.only:
             rows["tls loopback"] = run_tcp(args, runtime, tls=True)
+    user_stats = None
+    if args.user_size > 0:
+        if "dpdk" in args.only:
+            rows["user memif"] = run_user("dpdk", args)
+            user_stats = rows["user memif"].pop("stats")
+        if "tcp" in args.only:
+            rows["user tcp"] = run_user("tcp", args)
+            rows["user tcp"].pop("stats")
     if args.json:
-        print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "args": vars(args)}, indent=2))
+        print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "user_dpdk_stats": user_stats,
+                          "args": vars(args)}, indent=2))
     else:
-        print(table(rows, args.small))
+        print(table(rows, args.small, args.user_size))
         if dpdk_stats:
             print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
                   f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "
