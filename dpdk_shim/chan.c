@@ -182,10 +182,22 @@ on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64
 	c->state = CS_OPEN;
 	c->group = p->listen_group;
 	c->last_rx = now;
+	c->data_crc = (f->h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
 	conn_attach(p, c);
 	hello_body_fill(c, &b);
 	conn_send_ctrl(c, FT_ACCEPT, 0, &b, sizeof(b), false);
 	accept_push(c);  /* the queue holds the reference conn_new gave */
+}
+
+/* The peer sent a chunk without its CRC to a port that has begun to corrupt frames: an
+ * ACK (it carries FF_WANT_CRC) tells it to cover them, its retransmissions included. */
+static void
+ask_cover(struct shim_port *p, const struct frame *f)
+{
+	struct shim_conn *c = find_conn(p, rte_be_to_cpu_32(f->h->conn), &f->src);
+
+	if (c != NULL && c->state == CS_OPEN)
+		conn_send_ctrl(c, FT_ACK, 0, NULL, 0, false);
 }
 
 static void
@@ -206,6 +218,7 @@ on_frame(struct shim_port *p, struct frame *f, uint64_t now)
 			c->peer_ip = f->src_ip;
 			c->chunk = RTE_MIN(c->chunk, rte_be_to_cpu_32(b.max_chunk));
 			c->snd_limit = rte_be_to_cpu_32(b.window);
+			c->data_crc = (h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
 			c->state = CS_OPEN;
 			c->last_rx = now;
 		}
@@ -224,6 +237,8 @@ on_frame(struct shim_port *p, struct frame *f, uint64_t now)
 		goto done;
 	}
 	c->last_rx = now;
+	if (h->flags & rte_cpu_to_be_16(FF_WANT_CRC))
+		c->data_crc = true;  /* sticky: the peer's port can corrupt what we send */
 	on_ack(c, h, now);
 	if (h->type == FT_DATA) {
 		on_data(c, f);
@@ -372,6 +387,10 @@ chan_port_poll(struct shim_port *p)
 				p->st.rx_ignored++;
 			else if (ret == -EILSEQ)
 				p->st.rx_bad_crc++;
+			else if (ret == -ENOMSG) {
+				p->st.rx_bad_crc++;
+				ask_cover(p, &f);
+			}
 			else
 				p->st.rx_malformed++;
 			rte_pktmbuf_free(pkts[i]);

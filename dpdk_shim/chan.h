@@ -56,6 +56,7 @@ struct shim_conn {
 	int err;                   /* -errno once dead */
 	char reason[160];
 	struct shim_conn_opts o;
+	bool data_crc;             /* the peer's port may corrupt: cover every chunk */
 	uint32_t window, mask, chunk;
 	struct rte_ether_addr peer_mac;
 	uint32_t peer_ip;

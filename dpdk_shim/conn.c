@@ -186,6 +186,8 @@ conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *bo
 	memset(&bcast, 0xff, sizeof(bcast));
 	h = start_frame(p, m, broadcast ? &bcast : &c->peer_mac,
 			broadcast ? 0xffffffffu : c->peer_ip, type, c->id, len);
+	if (port_may_corrupt(p))
+		flags |= FF_WANT_CRC;  /* the peer covers the chunks it sends us */
 	h->flags = rte_cpu_to_be_16(flags);
 	h->seq = rte_cpu_to_be_32(c->snd_nxt);
 	fill_ack(c, h);
@@ -265,6 +267,7 @@ conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n, int *iov
 	struct rte_mbuf *m, *d = NULL;
 	struct frame_hdr *h;
 	uint32_t crc;
+	bool cover;
 
 	while (*iov_i < n && *iov_off == iov[*iov_i].len) {
 		(*iov_i)++;
@@ -281,6 +284,15 @@ conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n, int *iov
 	if (msg_off + len == total || c->snd_nxt + 1 == c->snd_limit)
 		h->flags = rte_cpu_to_be_16(FF_ACK_NOW);  /* the sender is about to wait */
 	fill_ack(c, h);
+	/* CRC32C of a chunk costs about what a copy of it does: skip it where no medium on
+	 * the way can corrupt (memif, ring), keep it wherever one can (port_may_corrupt) */
+	cover = c->data_crc || port_may_corrupt(p);
+	if (port_may_corrupt(p))
+		h->flags |= rte_cpu_to_be_16(FF_WANT_CRC);
+	if (!cover) {
+		h->flags |= rte_cpu_to_be_16(FF_NO_DATA_CRC);
+		c->st.tx_no_crc_frames++;
+	}
 	if (zc != NULL && iov[*iov_i].len >= c->o.zero_copy_min &&
 	    iov[*iov_i].len - *iov_off >= len) {
 		uint8_t *addr = (uint8_t *)iov[*iov_i].base + *iov_off;
@@ -294,7 +306,7 @@ conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n, int *iov
 		rte_pktmbuf_attach_extbuf(d, addr, RTE_BAD_IOVA, (uint16_t)len, &zc->shinfo);
 		d->data_len = (uint16_t)len;
 		d->pkt_len = len;
-		crc = frame_crc(h, addr, len);
+		crc = frame_crc(h, addr, cover ? len : 0);
 		rte_pktmbuf_chain(m, d);
 		*iov_off += len;
 		c->st.tx_zero_copy_frames++;
@@ -316,7 +328,7 @@ conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n, int *iov
 			left -= (uint32_t)k;
 			*iov_off += k;
 		}
-		crc = frame_crc(h, h + 1, len);
+		crc = frame_crc(h, h + 1, cover ? len : 0);
 	}
 	h->crc = rte_cpu_to_be_32(crc);
 	return m;
@@ -340,9 +352,24 @@ conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now)
 	port_queue(c->port, m);
 }
 
+/* A frame sent without its chunk's CRC to a peer that since asked for it (its port
+ * began to corrupt, so it drops uncovered chunks): cover it before sending it again. */
+static void
+cover_chunk(struct rte_mbuf *m)
+{
+	struct frame_hdr *h = rte_pktmbuf_mtod_offset(m, struct frame_hdr *, L2L4_LEN);
+	const void *chunk = m->next != NULL ? rte_pktmbuf_mtod(m->next, const void *) : (const void *)(h + 1);
+
+	h->flags &= ~rte_cpu_to_be_16(FF_NO_DATA_CRC);
+	h->crc = rte_cpu_to_be_32(frame_crc(h, chunk, rte_be_to_cpu_16(h->len)));
+}
+
 void
 retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now)
 {
+	if (c->data_crc && (rte_pktmbuf_mtod_offset(s->m, struct frame_hdr *, L2L4_LEN)->flags &
+			    rte_cpu_to_be_16(FF_NO_DATA_CRC)))
+		cover_chunk(s->m);
 	retain(s->m);
 	port_queue(c->port, s->m);
 	s->sent = now;

@@ -74,7 +74,8 @@ frame_linear(struct shim_port *p, struct rte_mbuf *m)
 }
 
 /* 0: a frame of ours, checked; -ENOENT: not ours; -EBADMSG: ours but broken;
- * -EILSEQ: checksum mismatch. Counters are the caller's. The mbuf is single-segment. */
+ * -EILSEQ: checksum mismatch; -ENOMSG: a sound header whose chunk has no checksum,
+ * on a port that may have corrupted it (f is filled in). Counters are the caller's. The mbuf is single-segment. */
 int
 frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
 {
@@ -82,7 +83,7 @@ frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
 	const struct rte_ipv4_hdr *ip;
 	const struct rte_udp_hdr *udp;
 	const struct frame_hdr *h;
-	uint32_t len, ip_len, udp_len, chunk_len;
+	uint32_t len, ip_len, udp_len, chunk_len, covered;
 
 	len = rte_pktmbuf_data_len(m);
 	if (len < L2L4_LEN)
@@ -117,10 +118,16 @@ frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
 	f->h = h;
 	f->chunk = (const uint8_t *)(h + 1);
 	f->len = chunk_len;
-	if (frame_crc(h, f->chunk, chunk_len) != rte_be_to_cpu_32(h->crc))
+	covered = chunk_len;
+	if (h->type == FT_DATA && (h->flags & rte_cpu_to_be_16(FF_NO_DATA_CRC)))
+		covered = 0;
+	if (frame_crc(h, f->chunk, covered) != rte_be_to_cpu_32(h->crc))
 		return -EILSEQ;
 	rte_ether_addr_copy(&eth->src_addr, &f->src);
 	f->src_ip = ip->src_addr;
+	/* an uncovered chunk is only taken where this port cannot have corrupted it */
+	if (covered != chunk_len && port_may_corrupt(p))
+		return -ENOMSG;
 	return 0;
 }
 

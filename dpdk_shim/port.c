@@ -156,6 +156,7 @@ shim_port_setup(uint16_t port, const struct shim_port_conf *conf)
 	/* Start. A memif client whose server is not there yet fails here; it stays set
 	 * up, and shim_connect restarts it until the server answers. */
 	p->is_memif = strcmp(info.driver_name, "net_memif") == 0;
+	p->shared_memory = p->is_memif || strcmp(info.driver_name, "net_ring") == 0;
 	ret = rte_eth_dev_start(port);
 	if (ret != 0 && !p->is_memif)
 		goto out;

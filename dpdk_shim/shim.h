@@ -145,6 +145,7 @@ struct shim_conn_stats {
 	uint64_t tx_messages, tx_bytes, tx_frames, tx_retransmits, tx_zero_copy_frames;
 	uint64_t rx_messages, rx_bytes, rx_frames, rx_dup, rx_out_of_order;
 	uint64_t rtt_ns;            /* smoothed round-trip time */
+	uint64_t tx_no_crc_frames;  /* DATA frames whose chunk the CRC left out (memif, ring) */
 };
 
 void shim_conn_opts_default(struct shim_conn_opts *opts);

@@ -42,6 +42,13 @@ enum frame_type {
 };
 
 #define FF_ACK_NOW 0x1             /* receiver: acknowledge at once (sender waits) */
+/* DATA: the CRC covers the header only. Sent where neither end's medium can corrupt a
+ * frame (memif and ring ports copy memory to memory); the header stays covered, so a
+ * flipped flag still fails the check. */
+#define FF_NO_DATA_CRC 0x2
+/* HELLO / ACCEPT: my port can corrupt frames (a NIC, or a fault stage that corrupts):
+ * cover every chunk you send me. */
+#define FF_WANT_CRC 0x4
 
 /* All fields big-endian. The CRC32C covers this header (crc = 0) and the chunk. */
 struct frame_hdr {
@@ -100,6 +107,7 @@ struct shim_port {
 	bool listening;
 	bool zero_copy;            /* extbuf TX allowed (the PMD copies and frees in tx_burst) */
 	bool is_memif;
+	bool shared_memory;        /* memif, ring: frames cross as memory copies, uncorrupted */
 	bool started;
 	bool link_up;
 	uint16_t id;
@@ -137,6 +145,15 @@ port_clock(struct shim_port *p)
 	if ((int64_t)(t - p->clock) > 0)
 		p->clock = t;
 	return p->clock;
+}
+
+/* Whether frames on this port may arrive corrupted, so that chunks need their CRC:
+ * any NIC-like port (af_packet, PCI, ...), and a shared-memory one while a fault stage
+ * corrupts frames (it stands for a medium that does). */
+static inline bool
+port_may_corrupt(const struct shim_port *p)
+{
+	return !p->shared_memory || p->fault[0].cfg.corrupt > 0 || p->fault[1].cfg.corrupt > 0;
 }
 
 /* port.c */

@@ -108,6 +108,7 @@ FRAME_DATA, FRAME_HELLO, FRAME_ACCEPT = 1, 3, 4
 FRAME_HEADER_SIZE = 56
 _FRAME_CRC_OFFSET = 36
 _FRAME_LEN_OFFSET = 6
+FRAME_NO_DATA_CRC = 0x2  # flags: DATA whose chunk the CRC leaves out (memif, ring)
 
 
 class RAFrame(Packet):
@@ -116,7 +117,7 @@ class RAFrame(Packet):
         StrFixedLenField("magic", FRAME_MAGIC, 2),
         ByteField("version", FRAME_VERSION),
         ByteEnumField("type", FRAME_DATA, FRAME_TYPES),
-        FlagsField("flags", 0, 16, ["ACK_NOW"]),
+        FlagsField("flags", 0, 16, ["ACK_NOW", "NO_DATA_CRC", "WANT_CRC"]),
         ShortField("len", None),  # chunk bytes after this header
         IntField("conn", 0),  # connection id, chosen by the client
         IntField("seq", 0),  # DATA: frame number; others: the sender's next one
@@ -133,7 +134,7 @@ class RAFrame(Packet):
         if self.len is None:
             pkt = pkt[:_FRAME_LEN_OFFSET] + struct.pack("!H", len(pay)) + pkt[_FRAME_LEN_OFFSET + 2:]
         if self.crc32c is None:
-            crc = frame_crc(pkt, pay)
+            crc = frame_crc(pkt, b"" if _uncovered(pkt) else pay)
             pkt = pkt[:_FRAME_CRC_OFFSET] + struct.pack("!I", crc) + pkt[_FRAME_CRC_OFFSET + 4:]
         return pkt + pay
 
@@ -160,7 +161,7 @@ class RAFrame(Packet):
     def crc_ok(self) -> bool:
         raw = self.do_build()
         head, chunk = raw[:FRAME_HEADER_SIZE], raw[FRAME_HEADER_SIZE: FRAME_HEADER_SIZE + (self.len or 0)]
-        return struct.unpack_from("!I", head, _FRAME_CRC_OFFSET)[0] == frame_crc(head, chunk)
+        return struct.unpack_from("!I", head, _FRAME_CRC_OFFSET)[0] == frame_crc(head, b"" if _uncovered(head) else chunk)
 
 
 class RAHello(Packet):
@@ -172,6 +173,11 @@ class RAHello(Packet):
         IntField("window", 0),
         LongField("peer_timeout_ns", 0),
     ]
+
+
+def _uncovered(head: bytes) -> bool:
+    """A DATA frame whose CRC covers the header only (sent over memif and ring ports)."""
+    return head[3] == FRAME_DATA and bool(struct.unpack_from("!H", head, 4)[0] & FRAME_NO_DATA_CRC)
 
 
 def frame_crc(head: bytes, chunk: bytes) -> int:
