@@ -7,11 +7,42 @@ destination's memory when its layout allows.
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 
 from . import handles, runtime
 
 _C = handles._C
+
+#: downloads this large first fault their destination in, on huge pages where THP allows
+PREFAULT_MIN = 4 << 20
+_HUGE = 2 << 20
+_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
+_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
+if _madvise is not None:
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def _prefault(t: torch.Tensor, nbytes: int) -> None:
+    """Fault in a fresh `.cpu()` destination before the bytes arrive.
+
+    A new large tensor is untouched mmap'd memory: receiving into it takes a page fault
+    every 4 KiB (the kernel zeroing each page) in the middle of the receive loop, which
+    makes it 4-5x slower than receiving into touched memory. Asking for huge pages and
+    populating the range in one call costs 512x fewer faults. Both are hints: on memory
+    already touched, or a kernel without them, they do nothing."""
+    if _madvise is None or nbytes < PREFAULT_MIN:
+        return
+    start = t.data_ptr()
+    end = start + nbytes
+    lo, hi = -(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE
+    if hi > lo:
+        _madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    lo, hi = -(-start // 4096) * 4096, end // 4096 * 4096
+    if hi > lo:
+        _madvise(lo, hi - lo, _MADV_POPULATE_WRITE)
 
 
 def _is_remote(t: torch.Tensor) -> bool:
@@ -63,6 +94,7 @@ def download(src: torch.Tensor, dst: torch.Tensor) -> None:
     target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
     nbytes = src.numel() * src.element_size()
     if nbytes:
+        _prefault(target, nbytes)
         session.read(sid, src.storage_offset() * src.element_size(), nbytes, out=_byte_view(target))
     else:
         session.sync()  # still a sync point: pending errors surface here

@@ -3,6 +3,7 @@
 // server/storage.py, server/session.py) drives it and keeps the rare paths.
 #pragma once
 
+#include "host_blocks.h"
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/Tensor.h>
@@ -38,7 +39,10 @@ struct ErrorThrown {
 // half of server/storage.py's StorageTable).
 class Table {
  public:
-  Table(c10::Device device, int64_t limit) : device_(device), limit_(limit) {}
+  Table(c10::Device device, int64_t limit) : device_(device), limit_(limit), owner_(host_owner_open()) {}
+  ~Table() { host_owner_close(owner_); }
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
 
   c10::Device device() const { return device_; }
   int64_t limit() const { return limit_; }
@@ -75,6 +79,7 @@ class Table {
   int64_t used_ = 0;
   int64_t peak_ = 0;
   std::unordered_map<int64_t, Entry> entries_;
+  uint64_t owner_;  // host_blocks: this session's cached memory is reused by it alone
 };
 
 // A view's layout as a tensor reference gives it (storage id aside).

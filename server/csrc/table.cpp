@@ -39,7 +39,10 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
     fail("protocol", "bad allocation size " + std::to_string(nbytes));
   }
   check_fits(nbytes);
-  auto storage = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
+  // uploads land in new storages: on CPU, memory that takes no page faults
+  auto cached = device_.is_cpu() ? host_storage(nbytes, owner_) : std::nullopt;
+  auto storage = cached ? std::move(*cached)
+                        : at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
   auto& e = entries_.emplace(sid, Entry{std::move(storage), 0}).first->second;
   account(e, nbytes);
 }
