@@ -116,3 +116,18 @@ def test_tokens_must_match_servers(two_servers):
         remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
                           tokens=[a.token])
     assert not remote_accel.is_initialized()
+
+
+def test_a_server_of_the_pair_keeps_other_clients_isolated(pair):
+    from remote_accel.server.testing import Client
+
+    a, b = pair
+    x = torch.arange(1000, dtype=torch.float32).to("remote_accel:0")
+    y = x.to("remote_accel:1")  # a storage of this client's session on server b
+    torch.remote_accel.synchronize(1)
+    sid = remote_accel.pytorch_ext.handles.announce(y, 1)
+    with Client.tcp(*b.tcp, token=b.token) as other:  # another client of server b, at the same time
+        with pytest.raises(Exception, match="(?i)storage|handle"):
+            other.read(sid, 16)
+        assert other.stats()["storages"] == 0
+    assert torch.equal(y.cpu(), torch.arange(1000, dtype=torch.float32))
