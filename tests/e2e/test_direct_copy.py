@@ -131,3 +131,20 @@ def test_a_server_of_the_pair_keeps_other_clients_isolated(pair):
             other.read(sid, 16)
         assert other.stats()["storages"] == 0
     assert torch.equal(y.cpu(), torch.arange(1000, dtype=torch.float32))
+
+
+def test_peer_bytes_are_in_the_servers_metrics():
+    from remote_accel.server.testing import scrape
+
+    with ServerProcess("--metrics", "0", token="m-a") as a, ServerProcess("--metrics", "0", token="m-b") as b:
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token, b.token])
+        try:
+            y = torch.ones(1 << 18).to("remote_accel:0").to("remote_accel:1")  # 1 MiB
+            torch.remote_accel.synchronize(1)
+            torch.remote_accel.synchronize(0)
+            assert scrape(a.metrics_url).value("remote_accel_peer_bytes_total", direction="sent") == MIB
+            assert scrape(b.metrics_url).value("remote_accel_peer_bytes_total", direction="received") == MIB
+            del y
+        finally:
+            remote_accel.shutdown()
