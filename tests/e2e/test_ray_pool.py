@@ -6,6 +6,8 @@ actor that is killed is restarted by Ray while its client gets RemoteAccelError,
 works again after re-init.
 """
 
+import os
+import signal
 import time
 
 import pytest
@@ -136,5 +138,17 @@ def test_killed_server_is_restarted_and_the_client_reinits(pool):
         y = torch.arange(4.0).to("remote_accel:0")
         assert torch.equal((y * 3).cpu(), torch.arange(4.0) * 3)
         assert torch.equal(y.to("remote_accel:1").cpu(), torch.arange(4.0))  # direct copies again
+        # the server process dying by itself (here SIGKILL) is restarted the same way
+        old_pid = pool.info()[1]["pid"]
+        z = torch.ones(10).to("remote_accel:1")
+        os.kill(old_pid, signal.SIGKILL)
+        with pytest.raises(remote_accel.RemoteAccelError):
+            (z + 1).cpu()
+    finally:
+        remote_accel.shutdown()
+    remote_accel.init(servers=pool, timeout=30.0)
+    try:
+        assert pool.info()[1]["pid"] != old_pid
+        assert torch.equal((torch.ones(3).to("remote_accel:1") * 2).cpu(), torch.full((3,), 2.0))
     finally:
         remote_accel.shutdown()
