@@ -101,7 +101,8 @@ if [[ $what == models ]]; then
   exit
 fi
 venv=${REMOTE_ACCEL_VENV:-.venv}
-prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}"
+# ray: remote_accel.ray's server pool, tested on a local Ray cluster (tests/e2e/test_ray_pool.py)
+prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" ray
 
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;

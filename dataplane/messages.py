@@ -245,6 +245,51 @@ class Sink:
     seq: int
 
 
+# -- server-to-server copies --------------------------------------------------------------
+# A copy from server A to server B: the client sends PeerReceive to B and PeerSend to A;
+# A connects to B as an ordinary client (the handshake under B's token), sends PeerWrite
+# with the bytes, and B answers PeerDone. The bytes never pass through the client. The
+# ticket, fresh random bytes from the client, pairs B's PeerWrite with its PeerReceive.
+PEER_TICKET_BYTES = 16
+
+
+@_message(MsgType.PEER_RECEIVE)
+class PeerReceive:
+    """To the destination: `nbytes` bytes for storage `sid` at byte `offset` will come
+    from another server under `ticket`; later requests wait until they are in."""
+
+    ticket: bytes
+    sid: int
+    offset: int
+    nbytes: int
+
+
+@_message(MsgType.PEER_SEND)
+class PeerSend:
+    """To the source: send `nbytes` bytes of storage `sid` from byte `offset` to the
+    server at `address` ("host:port", TCP), authenticating with `token`, under `ticket`."""
+
+    ticket: bytes
+    sid: int
+    offset: int
+    nbytes: int
+    address: str
+    token: str
+
+
+@_message(MsgType.PEER_WRITE)
+class PeerWrite:
+    """From the source to the destination, followed by one payload of `nbytes` bytes."""
+
+    ticket: bytes
+    nbytes: int
+
+
+@_message(MsgType.PEER_DONE)
+class PeerDone:
+    nbytes: int
+
+
 # -- encoding -------------------------------------------------------------------------------
 ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED})
 

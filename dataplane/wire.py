@@ -69,6 +69,12 @@ class MsgType(enum.IntEnum):
     ECHO_REPLY = 65
     # one-way bulk traffic for benchmarks; the receiver only counts it
     SINK = 66
+    # server-to-server copies (`peer`): the client tells the destination to expect bytes
+    # and the source to send them; the source connects to the destination as a client
+    PEER_RECEIVE = 80
+    PEER_SEND = 81
+    PEER_WRITE = 82
+    PEER_DONE = 83
 
 
 KNOWN_TYPES = frozenset(int(t) for t in MsgType)

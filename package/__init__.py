@@ -14,7 +14,7 @@ from .errors import RemoteAccelError
 
 _torch_hook.install()
 
-__all__ = ["__version__", "RemoteAccelError", "init", "shutdown", "stats"]
+__all__ = ["__version__", "RemoteAccelError", "init", "shutdown", "stats", "server_stats"]
 
 
 def __getattr__(name):
@@ -24,6 +24,14 @@ def __getattr__(name):
         from . import pytorch_ext
 
         return getattr(pytorch_ext, name)
+    if name == "ray":  # remote_accel.ray imports Ray only when a pool is made
+        import importlib
+
+        return importlib.import_module(".ray", __name__)
+    if name == "server_stats":
+        from .pytorch_ext import device_module
+
+        return device_module.server_stats
     if name == "stats":  # the session's counters: torch.remote_accel.stats
         from .pytorch_ext import device_module
 

@@ -188,10 +188,20 @@ def memory_stats(device=None) -> dict:
 def stats(device=None) -> dict:
     """The session's counters for `device` (default: the current one), without a round
     trip: ops, batches, graphs, round_trips, bytes_up and bytes_down (tensor bytes
-    uploaded and read back), bytes_sent, bytes_received, messages_sent and
-    messages_received (everything on the wire). Also `remote_accel.stats()`."""
+    uploaded and read back), peer_copies and peer_bytes (copies this client asked this
+    server to send straight to another server, and their bytes), bytes_sent,
+    bytes_received, messages_sent and messages_received (everything on the wire). Also `remote_accel.stats()`."""
     index = _index(device)
     return runtime.session(current_device() if index < 0 else index).local_stats()
+
+
+def server_stats(device=None) -> dict:
+    """The server's figures for `device` (default: the current one), one round trip:
+    this session's (ops_done, memory_allocated, ...) and the whole server's (server_*),
+    among them peer_bytes_sent, peer_bytes_received, peer_copies_sent and
+    peer_copies_received: what went to or came from other servers directly (server-to-
+    server copies), never through a client. Also `remote_accel.server_stats()`."""
+    return dict(_stats(device))
 
 
 def empty_cache() -> None:

@@ -29,10 +29,12 @@ def init(
     port: int = 0,
     server: Optional[str] = None,
     eal_args: Optional[Sequence[str] | str] = None,
-    token: Optional[str] = None,
+    token: Optional[str | Sequence[str]] = None,
     timeout: float = config.DEFAULT_TIMEOUT_S,
     *,
-    servers: Optional[Sequence[str]] = None,
+    servers=None,
+    tokens: Optional[Sequence[str]] = None,
+    direct_copies: bool = True,
     tls_ca: Optional[str] = None,
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
@@ -42,11 +44,17 @@ def init(
     transport: "dpdk", "tcp" or "auto" (default: $REMOTE_ACCEL_TRANSPORT, else "auto").
     port: the DPDK port id (0: the default memif port to a server on this host).
     server: "host:port" of a TCP server (default: $REMOTE_ACCEL_SERVER, else 127.0.0.1:18515).
-    servers: several "host:port" servers, which become remote_accel:0, remote_accel:1, ...
+    servers: several "host:port" servers, which become remote_accel:0, remote_accel:1, ...;
+      or a server pool (`remote_accel.ray.ServerPool`, anything with addresses() and
+      tokens()), whose servers are then reached over TCP with their own tokens.
     eal_args: DPDK EAL arguments (list or one string; default: $REMOTE_ACCEL_EAL_ARGS, else
       a memif client of the local server's default socket).
     token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
-      local server wrote).
+      local server wrote); or one token per server of `servers`.
+    tokens: one token per server of `servers` (the same as a list for `token`).
+    direct_copies: a tensor moved between two TCP servers (`t.to("remote_accel:1")`)
+      goes from one server straight to the other (the source connects to the
+      destination, under the destination's token); False: through this client.
     timeout: seconds of silence (no reply, no heartbeat) after which the server counts as
       dead or frozen and RemoteAccelError is raised. A sync waits as long as the work
       takes: a working server keeps sending heartbeats (see synchronize(timeout=...) for
@@ -67,12 +75,30 @@ def init(
         eal_args = shlex.split(eal_args)
     if eal_args is None and os.environ.get(config.ENV_EAL_ARGS):
         eal_args = shlex.split(os.environ[config.ENV_EAL_ARGS])
+    if servers is not None and callable(getattr(servers, "addresses", None)) and callable(
+            getattr(servers, "tokens", None)):
+        # a pool: its addresses and tokens (the tokens came through the pool, never a file)
+        pool = servers
+        servers, tokens = list(pool.addresses()), list(pool.tokens())
+        if transport == "auto":
+            transport = "tcp"
     if servers is None:
         env_server = os.environ.get(config.ENV_SERVER)
         servers = [server or env_server] if (server or env_server) else [None]
+    elif isinstance(servers, str):
+        servers = [servers]
     if timeout <= 0:
         raise ConfigError("timeout must be positive")
-    token, token_source = (token, "the token argument") if token is not None else _default_token()
+    if tokens is None and token is not None and not isinstance(token, str):
+        tokens = token
+    if tokens is not None:
+        tokens = list(tokens)
+        if len(tokens) != len(servers) or not all(isinstance(t, str) for t in tokens):
+            raise ConfigError(f"tokens: expected one token (a str) per server, {len(servers)} in all; "
+                              f"got {len(tokens)}")
+        token_sources = [(t, f"the tokens argument (server {i})") for i, t in enumerate(tokens)]
+    else:
+        token_sources = [(token, "the token argument") if token is not None else _default_token()] * len(servers)
     tls = _tls_context(tls_ca, tls_cert, tls_key)
 
     with _lock:
@@ -82,13 +108,15 @@ def init(
             raise RemoteAccelError("remote_accel is already initialised; call remote_accel.shutdown() first")
         made: list[Session] = []
         try:
-            for address in servers:
+            for address, (token, token_source) in zip(servers, token_sources):
                 link = _connect(transport, address, port, eal_args, timeout, tls)
                 try:
                     made.append(Session(link, token=token, timeout=timeout))
                 except AuthError as exc:
                     exc.add_note(f"the token came from {token_source}")
                     raise
+                if direct_copies:
+                    made[-1].peer_address = _peer_address(link, address)
                 log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
         except BaseException:
             for s in made:
@@ -125,6 +153,18 @@ def _connect(transport: str, address: Optional[str], port: int, eal_args, timeou
     if tls is not None:
         return TlsTransport.connect(host, tcp_port, timeout=timeout, tls=tls)
     return TcpTransport.connect(host, tcp_port, timeout=timeout)
+
+
+def _peer_address(link, address: Optional[str]) -> Optional[str]:
+    """The address other servers reach this server at, for direct copies: plain TCP
+    only (a DPDK port has no address another server could use; a TLS server wants a
+    certificate check the source server cannot make)."""
+    from ..dataplane.tcp import TcpTransport
+
+    if type(link) is not TcpTransport:
+        return None
+    host, port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):

@@ -63,7 +63,12 @@ class Session:
         self._stop = threading.Event()
         self._abandoned: set[int] = set()  # ids of requests whose caller stopped waiting
         self._late_error: Optional[RemoteAccelError] = None  # reported to an abandoned sync
-        self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
+        self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0,
+                         "peer_copies": 0, "peer_bytes": 0}
+        #: "host:port" other servers reach this one at (TCP), and its token: set by init()
+        #: for direct server-to-server copies (None: copies to it go through this client)
+        self.peer_address: Optional[str] = None
+        self.token = token
         #: returns the ids of storages freed since the last call; they leave with each batch
         self.freed_source: Optional[Callable[[], list]] = None
         #: the device's C++ queue (handles.NativeQueue): requests queued there leave before
@@ -203,6 +208,16 @@ class Session:
     def run_graph(self, msg: m.RunGraph) -> None:
         self.counters["graphs"] += 1
         self._queue_message(msg)
+
+    def peer_receive(self, ticket: bytes, sid: int, offset: int, nbytes: int) -> None:
+        """Tell this server (the destination) that another one will write these bytes."""
+        self._queue_message(m.PeerReceive(ticket, sid, offset, nbytes))
+
+    def peer_send(self, ticket: bytes, sid: int, offset: int, nbytes: int, dest: "Session") -> None:
+        """Tell this server (the source) to send these bytes to `dest`'s server itself."""
+        self.counters["peer_copies"] += 1
+        self.counters["peer_bytes"] += nbytes
+        self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, dest.token))
 
     def _queue_message(self, msg) -> None:
         with self._lock:

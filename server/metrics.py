@@ -79,6 +79,12 @@ class ServerCollector:
             family.add_metric([kind], n)
         yield family
         yield from _bytes(wire, totals, listeners)
+        peer = CounterMetricFamily("remote_accel_peer_bytes", "Tensor bytes copied straight to or from another "
+                                                              "server (server-to-server copies), by direction.",
+                                   labels=["direction"])
+        peer.add_metric(["sent"], server.peer_copies.bytes_sent)
+        peer.add_metric(["received"], server.peer_copies.bytes_received)
+        yield peer
         yield from self._clients(wire)
         if server.device_error is None:  # a lost CUDA context may abort on any call
             yield from device_figures(device)

@@ -19,6 +19,7 @@ from .counters import Totals
 from .device import ComputeDevice
 from .failure import EXIT_DEVICE_LOST
 from .graphs import GraphCompiler
+from .peer import PeerCopies
 from .session import HELLO_TIMEOUT_S, Session
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Server:
         self.max_clients = max_clients
         self.heartbeat_timeout = heartbeat_timeout
         self.graphs = GraphCompiler(device)  # compiled RunGraph graphs, shared by every session
+        self.peer_copies = PeerCopies()  # copies to and from other servers (server-to-server)
         self.stopping = False
         # The error that made the device unusable; kept so that the tensors its frames
         # hold are never freed (freeing on a lost CUDA context aborts the process).
@@ -141,6 +143,7 @@ class Server:
             "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
             "max_clients": self.max_clients,
             **self.graphs.stats(),
+            **self.peer_copies.stats(),
         }
 
     def snapshot(self) -> tuple[list, Totals, list]:

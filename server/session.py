@@ -28,7 +28,7 @@ from ..dataplane import messages as m
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import auth, failure, native
+from . import auth, failure, native, peer
 from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
@@ -84,6 +84,8 @@ class Session:
             MsgType.READ: self._on_read,
             MsgType.SYNC: self._on_sync, MsgType.STATS: self._on_stats, MsgType.RNG: self._on_rng,
             MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
+            MsgType.PEER_RECEIVE: self._on_peer, MsgType.PEER_SEND: self._on_peer,
+            MsgType.PEER_WRITE: self._on_peer_write,
         }
 
     @property
@@ -188,6 +190,14 @@ class Session:
             return default_sink(header, meta, lengths)
         if header.type == MsgType.SINK:
             return self._discard(lengths)
+        if header.type == MsgType.PEER_WRITE:
+            try:
+                buffers, slot = peer.place_write(self, msg, lengths)
+            except ProtocolError as exc:
+                self._stash = (header.type, exc, None)
+                return self._discard(lengths)
+            self._stash = (header.type, msg, slot)
+            return buffers
         try:
             if header.type == MsgType.WRITE:
                 request, writes, direct = msg, [msg], [True]
@@ -454,6 +464,21 @@ class Session:
     def _on_sink(self, request, msg: Message, plan) -> None:
         self.sink_messages += 1
         self.sink_bytes += sum(len(p) for p in msg.payloads)
+
+    def _on_peer(self, request, msg: Message, plan) -> None:
+        """A half of a server-to-server copy (`peer`): one-way, its error kept for the next sync."""
+        try:
+            (peer.on_receive if type(request) is m.PeerReceive else peer.on_send)(self, request)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _on_peer_write(self, request: m.PeerWrite, msg: Message, plan) -> None:
+        try:
+            reply = peer.on_write(self, request, plan)
+        except Exception as exc:
+            self._send(self._error_reply(exc), msg.req_id)
+            return
+        self._send(reply, msg.req_id)
 
     def _on_ping(self, request: m.Ping, msg: Message, plan) -> None:
         self._send(m.Pong(request.nonce), msg.req_id)

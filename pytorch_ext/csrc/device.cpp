@@ -21,7 +21,8 @@ namespace {
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
 
 // ---------------------------------------------------------------------------------------
-// Device guard: one thread-local current index, one default stream per device, no events.
+// Device guard: one thread-local current index, one default stream per device, events
+// that are always complete.
 
 std::atomic<int> g_device_count{1};
 thread_local c10::DeviceIndex t_current_device = 0;
@@ -84,14 +85,18 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   // Waiting for the server is a network round trip: Python does it (synchronize()).
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeDevice(c10::DeviceIndex) const override {}
-  void record(void**, const c10::Stream&, c10::DeviceIndex, c10::EventFlag) const override {
-    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
+  // Events order work between streams; the autograd engine records one on a producer's
+  // stream and blocks a consumer's stream on it when a gradient crosses devices (a model
+  // split over remote_accel:0 and :1). Across servers nothing is left to order: each
+  // server runs its session in issue order, and data reaches another device only by a
+  // copy that the destination waits for (through the client, or server to server). So
+  // recording and blocking are no-ops, and an event is always complete.
+  void record(void** event, const c10::Stream&, c10::DeviceIndex, c10::EventFlag) const override {
+    *event = nullptr;
   }
-  void block(void*, const c10::Stream&) const override {
-    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
-  }
+  void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override {
-    TORCH_CHECK(false, "remote_accel does not support events; use torch.remote_accel.synchronize()");
+    return true;
   }
 };
 

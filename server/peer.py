@@ -1,0 +1,216 @@
+"""Server-to-server copies: `t.to("remote_accel:1")` for a tensor on remote_accel:0.
+
+The client sends two small requests and no tensor bytes:
+
+    client -> B (destination)   PeerReceive(ticket, sid, offset, nbytes)
+    client -> A (source)        PeerSend(ticket, sid, offset, nbytes, B's address, B's token)
+    A -> B                      a TCP connection, the ordinary client handshake under B's
+                                token, then PeerWrite(ticket, nbytes) + the bytes
+    B -> A                      PeerDone(nbytes)
+
+A handles PeerSend in its client's session thread, B handles PeerReceive in its
+client's session thread and PeerWrite in the thread of A's (separate, authenticated)
+session. The ticket, fresh random bytes chosen by the client, pairs the two halves on B:
+only a peer that holds B's token and the ticket can write into the client's storage.
+Each side holds its client's later requests until the copy is done, so every later op
+sees the bytes; a failure is kept for the client's next sync point, as for any one-way
+request.
+
+The two halves may arrive at B in either order (A may be quicker than B's client
+session, which is busy with earlier work): a PeerWrite waits for its PeerReceive up
+to PEER_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Optional
+
+from .. import config
+from ..dataplane import handshake
+from ..dataplane import messages as m
+from ..dataplane.tcp import TcpTransport
+from ..dataplane.wire import MsgType
+from ..errors import ProtocolError, RemoteOpError, TransportTimeout
+from .failure import Failure
+from .storage import host_bytes
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger(__name__)
+
+#: How long one half of a copy waits for the other (and a source for the destination's
+#: PeerDone): both servers work through their client's requests in order, so the other
+#: half may wait behind earlier work.
+PEER_TIMEOUT_S = 120.0
+#: Connecting and the handshake with the destination.
+CONNECT_TIMEOUT_S = 10.0
+_POLL_S = 0.2
+
+
+class _Slot:
+    """Where the bytes of one expected copy land."""
+
+    __slots__ = ("buffer", "nbytes", "claimed", "done", "error")
+
+    def __init__(self, buffer, nbytes: int):
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self.claimed: Optional["Session"] = None  # the peer's session, once its PeerWrite came
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+
+
+class PeerCopies:
+    """A server's expected copies (by ticket) and its peer counters: bytes and copies
+    sent to and received from other servers, which never passed through a client."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._slots: dict[bytes, _Slot] = {}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.copies_sent = 0
+        self.copies_received = 0
+
+    def stats(self) -> dict:
+        return {"peer_bytes_sent": self.bytes_sent, "peer_bytes_received": self.bytes_received,
+                "peer_copies_sent": self.copies_sent, "peer_copies_received": self.copies_received}
+
+    def expect(self, ticket: bytes, slot: _Slot) -> None:
+        with self._cond:
+            if ticket in self._slots:
+                raise ProtocolError("PeerReceive: this ticket is already expected")
+            self._slots[ticket] = slot
+            self._cond.notify_all()
+
+    def drop(self, ticket: bytes) -> None:
+        with self._cond:
+            self._slots.pop(ticket, None)
+
+    def claim(self, ticket: bytes, nbytes: int, session: "Session") -> _Slot:
+        """The slot a PeerWrite fills, once its PeerReceive has come; ProtocolError when
+        none comes in time, the sizes differ, or the ticket was used already."""
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        with self._cond:
+            while ticket not in self._slots:
+                left = deadline - time.monotonic()
+                if left <= 0 or session.server.stopping:
+                    raise ProtocolError(f"PeerWrite: no copy expects this ticket (none came within "
+                                        f"{PEER_TIMEOUT_S:.0f} s)")
+                self._cond.wait(min(left, _POLL_S))
+            slot = self._slots[ticket]
+            if slot.claimed is not None:
+                raise ProtocolError("PeerWrite: this ticket was used already")
+            if slot.nbytes != nbytes:
+                raise ProtocolError(f"PeerWrite of {nbytes} bytes for a copy of {slot.nbytes}")
+            slot.claimed = session
+            return slot
+
+
+def _valid_ticket(ticket) -> bool:
+    return type(ticket) is bytes and len(ticket) == m.PEER_TICKET_BYTES
+
+
+# -- the destination --------------------------------------------------------------------------------
+def on_receive(session: "Session", request: m.PeerReceive) -> None:
+    """PeerReceive, in the client's session thread: wait until the peer wrote the bytes."""
+    if not _valid_ticket(request.ticket):
+        raise ProtocolError(f"PeerReceive needs a ticket of {m.PEER_TICKET_BYTES} bytes")
+    server, device = session.server, session.device
+    view = session.table.byte_range(request.sid, request.offset, request.nbytes)
+    staging = device.staging(request.nbytes) if device.accelerator else None
+    slot = _Slot(host_bytes(view if staging is None else staging), request.nbytes)
+    copies = server.peer_copies
+    copies.expect(request.ticket, slot)
+    try:
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        while not slot.done.wait(_POLL_S):
+            if server.stopping or session.transport.closed:
+                raise Failure("op", "server shutting down (or the client left) during a copy from another server")
+            if slot.claimed is None:
+                if time.monotonic() > deadline:
+                    raise Failure("op", f"a copy from another server did not arrive within {PEER_TIMEOUT_S:.0f} s "
+                                        "(is the source server up, and can it reach this one?)")
+            elif slot.claimed.transport.closed and not slot.done.is_set():  # however long the bytes take
+                raise Failure("op", "the source server's connection dropped in the middle of a copy")
+    finally:
+        copies.drop(request.ticket)
+    if slot.error is not None:
+        raise slot.error
+    if staging is not None:
+        view.copy_(staging, non_blocking=True)
+
+
+def place_write(session: "Session", request: m.PeerWrite, lengths: list) -> tuple[list, _Slot]:
+    """PeerWrite's payload, as its prologue arrives (in the peer's session thread): the
+    buffer of the copy that expects it."""
+    if not _valid_ticket(request.ticket):
+        raise ProtocolError(f"PeerWrite needs a ticket of {m.PEER_TICKET_BYTES} bytes")
+    if lengths != [request.nbytes]:
+        raise ProtocolError("PeerWrite carries exactly one payload of nbytes bytes")
+    slot = session.server.peer_copies.claim(request.ticket, request.nbytes, session)
+    return [slot.buffer], slot
+
+
+def on_write(session: "Session", request: m.PeerWrite, slot: Optional[_Slot]) -> m.PeerDone:
+    """The payload is in: release the waiting PeerReceive."""
+    if slot is None:  # a transport that skipped the sink: no payload came
+        raise ProtocolError("PeerWrite without its payload")
+    copies = session.server.peer_copies
+    copies.bytes_received += request.nbytes
+    copies.copies_received += 1
+    slot.done.set()
+    return m.PeerDone(request.nbytes)
+
+
+# -- the source ------------------------------------------------------------------------------------
+def on_send(session: "Session", request: m.PeerSend) -> None:
+    """PeerSend, in the client's session thread: connect to the destination, send."""
+    if not _valid_ticket(request.ticket):
+        raise ProtocolError(f"PeerSend needs a ticket of {m.PEER_TICKET_BYTES} bytes")
+    device = session.device
+    view = session.table.byte_range(request.sid, request.offset, request.nbytes)
+    if device.accelerator:
+        staging = device.staging(request.nbytes)
+        staging.copy_(view, non_blocking=True)
+        device.synchronize(session._stream)  # noqa: SLF001 (the session lends it)
+        view = staging
+    host, port = config.parse_host_port(request.address)
+    link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        name = f"peer copy from {socket.gethostname()} session {session.number}"
+        handshake.client_handshake(link, request.token, name, CONNECT_TIMEOUT_S)
+        link.send(MsgType.PEER_WRITE, m.encode(m.PeerWrite(request.ticket, request.nbytes)), [host_bytes(view)],
+                  req_id=1)
+        reply = _reply(link, 1)
+        if isinstance(reply, m.ErrorReply):
+            raise RemoteOpError(f"the destination server {request.address} refused the copy: {reply.message}")
+        if not isinstance(reply, m.PeerDone) or reply.nbytes != request.nbytes:
+            raise ProtocolError(f"the destination server {request.address} answered PeerWrite with {reply!r}")
+        link.send(MsgType.GOODBYE, m.encode(m.Goodbye()))
+    finally:
+        link.close()
+    copies = session.server.peer_copies
+    copies.bytes_sent += request.nbytes
+    copies.copies_sent += 1
+
+
+def _reply(link: TcpTransport, req_id: int):
+    """The answer to `req_id`, skipping the heartbeats (PONGs with id 0) of a busy peer."""
+    deadline = time.monotonic() + PEER_TIMEOUT_S + CONNECT_TIMEOUT_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TransportTimeout(f"no answer from {link.peer} to a copy within {PEER_TIMEOUT_S:.0f} s")
+        try:
+            msg = link.recv(timeout=min(left, 1.0))
+        except TransportTimeout:
+            continue
+        if msg.type == MsgType.PONG or msg.req_id != req_id:
+            continue
+        return m.decode(msg.type, msg.meta)

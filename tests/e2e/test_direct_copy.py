@@ -1,0 +1,150 @@
+"""Server-to-server copies without Ray: two plain server processes, init(servers=[a, b]).
+
+`t.to("remote_accel:1")` of a tensor on remote_accel:0 travels from server 0 to server 1
+over their own connection; the client's byte counters show the bytes did not pass it.
+"""
+
+import pytest
+import torch
+
+import remote_accel
+from remote_accel.server.testing import ServerProcess
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    a = ServerProcess(token="token-a").start()
+    b = ServerProcess(token="token-b").start()
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture
+def pair(two_servers):
+    a, b = two_servers
+    remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                      tokens=[a.token, b.token], timeout=30.0)
+    try:
+        yield a, b
+    finally:
+        remote_accel.shutdown()
+
+
+def _client_bytes() -> int:
+    return sum(remote_accel.stats(f"remote_accel:{i}")["bytes_sent"] + remote_accel.stats(f"remote_accel:{i}")
+               ["bytes_received"] for i in (0, 1))
+
+
+def test_copy_of_64_mib_is_bit_identical_and_bypasses_the_client(pair):
+    gen = torch.Generator().manual_seed(3)
+    host = torch.randint(-2**31, 2**31 - 1, (16 * MIB,), dtype=torch.int32, generator=gen)  # 64 MiB
+    x = host.to("remote_accel:0")
+    torch.remote_accel.synchronize(0)
+    before_client = _client_bytes()
+    before = [remote_accel.server_stats(i) for i in (0, 1)]
+    y = x.to("remote_accel:1")
+    assert y.device == torch.device("remote_accel:1")
+    torch.remote_accel.synchronize(1)
+    torch.remote_accel.synchronize(0)  # the source counts its bytes once the destination said done
+    after = [remote_accel.server_stats(i) for i in (0, 1)]
+    moved = _client_bytes() - before_client
+    assert moved < 1 * MIB, f"{moved} bytes crossed the client's links for a 64 MiB copy"
+    assert after[0]["peer_bytes_sent"] - before[0]["peer_bytes_sent"] == 64 * MIB
+    assert after[1]["peer_bytes_received"] - before[1]["peer_bytes_received"] == 64 * MIB
+    assert remote_accel.stats("remote_accel:0")["peer_bytes"] == 64 * MIB
+    assert torch.equal(y.cpu(), host)
+
+
+def test_copies_of_views_dtypes_and_back(pair):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    x = base.to("remote_accel:0")
+    # a strided view, a dtype change on the way, and a copy back to server 0
+    t = x.t().to("remote_accel:1")
+    assert torch.equal(t.cpu(), base.t())
+    h = x[:, 1:4].to("remote_accel:1", dtype=torch.float64)
+    assert torch.equal(h.cpu(), base[:, 1:4].double())
+    back = (t * 2).to("remote_accel:0")
+    assert torch.equal(back.cpu(), base.t() * 2)
+    # copy_ into an existing tensor of the other server, broadcast
+    dst = torch.zeros(3, 6, device="remote_accel:1")
+    dst.copy_(x[0])
+    assert torch.equal(dst.cpu(), base[0].expand(3, 6))
+    assert remote_accel.server_stats(1)["peer_copies_received"] >= 3
+
+
+def test_direct_copies_off_goes_through_the_client(two_servers):
+    a, b = two_servers
+    remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                      tokens=[a.token, b.token], direct_copies=False)
+    try:
+        host = torch.randn(MIB // 4)  # 1 MiB
+        x = host.to("remote_accel:0")
+        before = remote_accel.server_stats(1)["peer_bytes_received"]
+        y = x.to("remote_accel:1")
+        assert torch.equal(y.cpu(), host)
+        assert remote_accel.server_stats(1)["peer_bytes_received"] == before
+        assert remote_accel.stats("remote_accel:0")["bytes_down"] >= MIB
+    finally:
+        remote_accel.shutdown()
+
+
+def test_wrong_token_for_the_destination_is_a_clear_error(two_servers):
+    a, b = two_servers
+    # the client itself reaches server 1 with its right token; the source is then given
+    # a wrong one for it, as when a pool's server was replaced under the client
+    remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                      tokens=[a.token, b.token])
+    try:
+        remote_accel.pytorch_ext.runtime.session(1).token = "not-the-token"
+        x = torch.ones(1000).to("remote_accel:0")
+        y = x.to("remote_accel:1")
+        with pytest.raises(remote_accel.RemoteAccelError, match="token"):
+            torch.remote_accel.synchronize(0)
+        del y
+    finally:
+        remote_accel.shutdown()
+
+
+def test_tokens_must_match_servers(two_servers):
+    a, b = two_servers
+    with pytest.raises(remote_accel.RemoteAccelError, match="one token"):
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token])
+    assert not remote_accel.is_initialized()
+
+
+def test_a_server_of_the_pair_keeps_other_clients_isolated(pair):
+    from remote_accel.server.testing import Client
+
+    a, b = pair
+    x = torch.arange(1000, dtype=torch.float32).to("remote_accel:0")
+    y = x.to("remote_accel:1")  # a storage of this client's session on server b
+    torch.remote_accel.synchronize(1)
+    sid = remote_accel.pytorch_ext.handles.announce(y, 1)
+    with Client.tcp(*b.tcp, token=b.token) as other:  # another client of server b, at the same time
+        with pytest.raises(Exception, match="(?i)storage|handle"):
+            other.read(sid, 16)
+        assert other.stats()["storages"] == 0
+    assert torch.equal(y.cpu(), torch.arange(1000, dtype=torch.float32))
+
+
+def test_peer_bytes_are_in_the_servers_metrics():
+    from remote_accel.server.testing import scrape
+
+    with ServerProcess("--metrics", "0", token="m-a") as a, ServerProcess("--metrics", "0", token="m-b") as b:
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token, b.token])
+        try:
+            y = torch.ones(1 << 18).to("remote_accel:0").to("remote_accel:1")  # 1 MiB
+            torch.remote_accel.synchronize(1)
+            torch.remote_accel.synchronize(0)
+            assert scrape(a.metrics_url).value("remote_accel_peer_bytes_total", direction="sent") == MIB
+            assert scrape(b.metrics_url).value("remote_accel_peer_bytes_total", direction="received") == MIB
+            del y
+        finally:
+            remote_accel.shutdown()
