@@ -105,10 +105,20 @@ bool Pool::evict(Slot& s, Guard& g) {
   const bool cuda = device_.is_cuda();
   if (cuda) {
     s.owner->sync_stream();  // its last kernels may still use the bytes
+    if (s.ready) {
+      s.ready->synchronize();  // a prefetch not used yet may still be copying them in
+    }
   }
-  auto host = at::empty({s.nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(cuda));
-  host.copy_(whole(*s.storage));
-  s.host = std::move(host);
+  auto& st = s.owner->stats_;
+  if (s.fresh) {
+    s.host.reset();  // an output allocated ahead of its op: nothing to keep (see swap_in)
+  } else {
+    auto host = at::empty({s.nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(cuda));
+    host.copy_(whole(*s.storage));
+    s.host = std::move(host);
+    st.bytes_out += s.nbytes;
+    st.ns_out += now_ns() - start;
+  }
   g.bury(std::move(*s.storage));
   *s.storage = c10::Storage();
   lru_.erase(s.pos);
@@ -117,11 +127,8 @@ bool Pool::evict(Slot& s, Guard& g) {
   s.swapped = true;
   s.prefetched = false;
   s.ready.reset();
-  auto& st = s.owner->stats_;
   st.swapped_out_bytes += s.nbytes;
   st.swap_outs += 1;
-  st.bytes_out += s.nbytes;
-  st.ns_out += now_ns() - start;
   return true;
 }
 
@@ -137,7 +144,10 @@ void Pool::swap_in(Slot& s, bool prefetch, Guard&) {
   const auto start = now_ns();
   const auto options = at::TensorOptions().dtype(at::kByte).device(device_);
   at::Tensor bytes;
-  if (prefetch && device_.is_cuda()) {
+  const bool copy = s.host.defined();  // else it went out fresh: its bytes were never defined
+  if (!copy) {
+    bytes = at::empty({s.nbytes}, options);
+  } else if (prefetch && device_.is_cuda()) {
     // On a stream of its own, overlapping the session's kernels; the session's stream
     // waits for the copy before the first use (Table::resident).
     c10::impl::VirtualGuardImpl impl(device_.type());
@@ -167,8 +177,10 @@ void Pool::swap_in(Slot& s, bool prefetch, Guard&) {
   auto& st = s.owner->stats_;
   st.swapped_out_bytes -= s.nbytes;
   st.swap_ins += 1;
-  st.bytes_in += s.nbytes;
-  st.ns_in += now_ns() - start;
+  if (copy) {
+    st.bytes_in += s.nbytes;
+    st.ns_in += now_ns() - start;
+  }
 }
 
 // -- a table's side ---------------------------------------------------------------------------------
@@ -235,6 +247,7 @@ const c10::Storage* Table::resident(int64_t sid) {
       s.ready.reset();
     }
   }
+  s.fresh = false;  // the op (or a WRITE) may fill it
   s.pins += 1;
   pinned_.push_back(&s);
   pool_->touch(s);

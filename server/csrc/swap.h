@@ -40,6 +40,7 @@ struct Slot {
   int64_t nbytes = 0;  // counted as resident (or swapped when `swapped`)
   bool swapped = false;
   bool prefetched = false;  // swapped in ahead of use, not yet used
+  bool fresh = false;  // allocated and not used since: no bytes worth copying either way
   int pins = 0;  // uses in progress: never swapped out while > 0
   uint64_t next_use = 0;  // the owner's op sequence number of its next known use
   std::shared_ptr<c10::Event> ready;  // CUDA: the prefetch copy, waited on before use

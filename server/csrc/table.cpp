@@ -54,6 +54,7 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
   Pool::Guard g(pool_.get());
   auto& e = entries_.emplace(sid, Entry{std::move(storage), 0, {}}).first->second;
   account(e, nbytes);
+  e.slot.fresh = true;
 }
 
 void Table::put(int64_t sid, c10::Storage storage, bool replace) {
@@ -71,6 +72,7 @@ void Table::put(int64_t sid, c10::Storage storage, bool replace) {
   g.bury(std::move(e.storage));
   e.storage = std::move(storage);
   account(e, nbytes);
+  e.slot.fresh = false;
   if (pool_) {
     pool_->make_room(0, g);  // the result exists already: make room after the fact if need be
   }
