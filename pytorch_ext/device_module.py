@@ -165,7 +165,13 @@ _MEMORY_KEYS = {
 }
 _SERVER_MEMORY_KEYS = ("memory_allocated", "max_memory_allocated", "memory_limit", "storages",
                        "device_memory_allocated", "server_session_memory_allocated",
-                       "server_session_max_memory_allocated", "server_memory_allocated", "server_storages")
+                       "server_session_max_memory_allocated", "server_memory_allocated", "server_storages",
+                       # swapping to host memory (server --swap-space): this client's storages
+                       "swapped_out_bytes", "swap_ins", "swap_outs", "prefetch_hits", "prefetch_misses",
+                       "swap_in_bytes", "swap_out_bytes", "swap_in_ns", "swap_out_ns", "swap_overcommits",
+                       # and the server's, every client's
+                       "server_device_memory", "server_swap_space", "server_resident_bytes",
+                       "server_swapped_bytes", "server_peak_resident_bytes")
 
 
 def memory_stats(device=None) -> dict:
@@ -175,7 +181,13 @@ def memory_stats(device=None) -> dict:
     server's figures (one round trip): memory_limit, storages, device_memory_allocated
     (the device allocator's, None on a CPU server), server_session_memory_allocated and
     server_session_max_memory_allocated (what the server holds for this session), and
-    server_memory_allocated and server_storages (every client's)."""
+    server_memory_allocated and server_storages (every client's). With a server that
+    swaps to host memory (--swap-space): swapped_out_bytes (this client's bytes now in
+    host memory), swap_ins, swap_outs, prefetch_hits and prefetch_misses (uses of a
+    once swapped-out storage that a look-ahead had, or had not, brought back in time),
+    swap_in_bytes/swap_out_bytes and swap_in_ns/swap_out_ns (copies, for GB/s),
+    swap_overcommits, and the server's server_device_memory, server_swap_space,
+    server_resident_bytes, server_swapped_bytes, server_peak_resident_bytes."""
     values = dict(_stats(device))
     values["server_session_memory_allocated"] = values.pop("memory_allocated", 0)
     values["server_session_max_memory_allocated"] = values.pop("max_memory_allocated", 0)

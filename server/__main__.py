@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=parse_size, default=0, metavar="BYTES",
                    help="bytes each client may hold on the device, suffixes K, M, G, T (binary) accepted; "
                         "0: no limit but the device's own memory (default: 0)")
+    p.add_argument("--device-memory", type=parse_size, default=0, metavar="BYTES",
+                   help="bytes of the device that all clients' tensors together may take, suffixes as "
+                        "--memory-limit; 0: all the device has (on a CPU server: the machine's RAM) (default: 0)")
+    p.add_argument("--swap-space", type=parse_size, default=0, metavar="BYTES",
+                   help="host memory for tensors swapped out when --device-memory is full (pinned on CUDA), "
+                        "suffixes as --memory-limit; 0: no swapping, a full device is out of memory (default: 0)")
     p.add_argument("--max-clients", type=_int_range(1, 4096), default=DEFAULT_MAX_CLIENTS, metavar="N",
                    help="clients served at once, over every transport, 1..4096; with --transport dpdk "
                         "and no EAL options also the local memif client slots, at most 32 (DPDK's "
@@ -298,13 +304,16 @@ def main(argv: Optional[list] = None) -> int:
         print(f"remote-accel-server: {exc}", file=sys.stderr)
         return 2
     server = Server(device, token, memory_limit=args.memory_limit, max_clients=args.max_clients,
-                    heartbeat_timeout=args.heartbeat_timeout)
+                    heartbeat_timeout=args.heartbeat_timeout, device_memory=args.device_memory,
+                    swap_space=args.swap_space)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
              "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
              args.max_clients, ",".join(namespaces))
+    pool = server.pool.figures()
+    log.info("device memory %d bytes for all clients; swap space %d bytes", pool[0], pool[1])
     if metrics is not None:
         from .metrics import registry
 

@@ -198,6 +198,7 @@ class Executor:
         if msg.plan is not None:
             self._define_plan(msg)
         touched: list = []
+        mark = self.native.pin_mark()  # the op's storages stay on the device while it runs
         try:
             resolved = ops.resolve(msg.op)
             decoded: list = []
@@ -217,6 +218,8 @@ class Executor:
             self.mark_failed(msg.outs)
             self._resync_quietly(touched)
             raise
+        finally:
+            self.native.unpin(mark)
         self.table.resync(touched)
         return results
 

@@ -98,6 +98,12 @@ class ServerCollector:
             s = by_slot.get(slot)
             memory.add_metric([str(slot)], s.table.used if s is not None else 0)
         yield memory
+        swapped = GaugeMetricFamily("remote_accel_swapped_bytes", "Bytes of a client's tensors swapped out to host "
+                                                                  "memory (--swap-space).", labels=["client"])
+        for slot in range(self._slots_seen):
+            s = by_slot.get(slot)
+            swapped.add_metric([str(slot)], s.table.native.swap_stats()["swapped_out_bytes"] if s is not None else 0)
+        yield swapped
         info = InfoMetricFamily("remote_accel_client", "A connected client's transport.", labels=["client"])
         start = GaugeMetricFamily("remote_accel_client_start_time_seconds",
                                   "When a connected client connected (Unix time).", labels=["client"])

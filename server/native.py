@@ -43,3 +43,4 @@ def to_exception(kind: str, type_name: str, message: str, op: str) -> BaseExcept
 _native.set_error_factory(to_exception)
 
 Executor = _native.Executor
+Pool = _native.Pool

@@ -21,6 +21,7 @@ from .failure import EXIT_DEVICE_LOST
 from .graphs import GraphCompiler
 from .peer import PeerCopies
 from .session import HELLO_TIMEOUT_S, Session
+from .swap import make_pool, server_figures
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,12 @@ DEFAULT_MAX_CLIENTS = 64
 
 class Server:
     def __init__(self, device: ComputeDevice, token: str, *, memory_limit: int = 0,
-                 max_clients: int = DEFAULT_MAX_CLIENTS, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S):
+                 max_clients: int = DEFAULT_MAX_CLIENTS, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 device_memory: int = 0, swap_space: int = 0):
         self.device = device
+        # what every session's storages may take of the device, and the host memory that
+        # takes what does not fit (swap.py); 0: all the device has, no swapping
+        self.pool = make_pool(device, device_memory, swap_space)
         self.token = token
         self.memory_limit = memory_limit  # as configured; 0: none but the device's
         self.session_limit = memory_limit or device.total_memory()
@@ -142,6 +147,7 @@ class Server:
             "server_memory_allocated": sum(s.table.used for s in sessions),
             "server_ops_done": ended_ops + sum(s.ops_done for s in sessions),
             "max_clients": self.max_clients,
+            **server_figures(self.pool),
             **self.graphs.stats(),
             **self.peer_copies.stats(),
         }

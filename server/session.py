@@ -28,7 +28,7 @@ from ..dataplane import messages as m
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import auth, failure, native, peer
+from . import auth, failure, native, peer, swap
 from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
@@ -67,7 +67,7 @@ class Session:
         self.admitted = False  # counted by the server (authenticated, under max_clients)
         self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
         self.counters = SessionCounters()
-        self.table = StorageTable(self.device, server.session_limit)
+        self.table = StorageTable(self.device, server.session_limit, server.pool)
         self.executor: Optional[Executor] = None  # made in the session's own thread
         self.pending: Optional[m.ErrorReply] = None
         self.sink_messages = 0
@@ -139,6 +139,7 @@ class Session:
                 going_on = self._dispatch(msg)
             finally:
                 self.heartbeat.busy = False
+                self.table.native.unpin(0)  # its storages may be swapped out again
             self.server.exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"
@@ -151,6 +152,7 @@ class Session:
                 self.device.synchronize(self._stream)
         except Exception as exc:  # an earlier async device error; the memory goes anyway
             log.debug("session %d: sync at close failed: %s", self.number, exc)
+        swapped = self.table.native.swap_stats()
         count, nbytes = self.table.clear()
         if self.executor is not None:
             self.executor.clear()
@@ -159,6 +161,8 @@ class Session:
         if self.admitted:
             log.info("client disconnected: session %d, %s (%s): %s; freed %d storages, %d bytes, after %d ops",
                      self.number, self.transport.peer, self.client, reason, count, nbytes, self.ops_done)
+            if swapped["swap_outs"] or swapped["swap_ins"]:
+                log.info("session %d %s", self.number, swap.summary(swapped))
 
     # -- receiving --------------------------------------------------------------------------------
     def _sink(self, header, meta: bytes, lengths: list) -> list:
@@ -430,6 +434,7 @@ class Session:
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,
             "device_memory_allocated": self.device.memory_allocated(),
+            **self.table.native.swap_stats(),
             "transport": {k: v for k, v in self.transport.stats().items() if type(v) in (int, float, str)},
         }
         values.update(self.server.stats())

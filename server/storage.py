@@ -102,9 +102,10 @@ class StorageTable:
     """The Python face of the C++ table (native.Executor), which the C++ executor shares:
     entries and accounting live there, so a batch run in C++ binds results without Python."""
 
-    def __init__(self, device: ComputeDevice, limit: int):
+    def __init__(self, device: ComputeDevice, limit: int, pool: Optional["native.Pool"] = None):
         self.device = device
-        self.native = native.Executor(str(device.device), limit)
+        # `pool`: the server's device memory, shared by every session (swap.py)
+        self.native = native.Executor(str(device.device), limit, pool)
         self.limit = limit  # bytes this session may hold
 
     @property

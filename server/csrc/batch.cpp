@@ -47,6 +47,8 @@ bool check_fields(Reader& r, int64_t type, uint32_t n) {
 bool Executor::scan(std::string meta) {
   meta_ = std::move(meta);
   items_.clear();
+  base_ = table_.seq() + 1;
+  ahead_ = 0;
   Reader r(reinterpret_cast<const uint8_t*>(meta_.data()), meta_.size());
   try {
     if (r.container(wire::kTuple, "fields") != 1) return false;
@@ -77,6 +79,10 @@ Executor::Stop Executor::resume(size_t first) {
     Reader r(reinterpret_cast<const uint8_t*>(meta_.data()), meta_.size());
     r.seek(item.fields);
     Stop slow{i, Stop::kSlow, item.begin, item.end, {}};
+    if (table_.swapping()) {
+      table_.set_seq(base_ + i);
+      lookahead(i);  // swap in what the next ops need while this one runs
+    }
     try {
       if (item.type == wire::kRunPlanned) {
         const int64_t plan = r.int_value("plan");

@@ -71,14 +71,14 @@ at::Tensor Executor::view(const c10::Storage& storage, const Layout& layout) con
   return t;
 }
 
-const c10::Storage& Executor::input(int64_t sid, const Layout& layout, c10::Storage& scratch) const {
+const c10::Storage& Executor::input(int64_t sid, const Layout& layout, c10::Storage& scratch) {
   const c10::Storage* storage;
   if (sid == 0) {
     // a fresh one each time: an op that resizes its output must not grow a shared one
     scratch = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(table_.device())).storage();
     storage = &scratch;
   } else {
-    storage = table_.find(sid);
+    storage = table_.resident(sid);  // pinned until the op is done (run)
     if (storage == nullptr) {
       fail("bad_handle", failed(sid) ? "storage " + std::to_string(sid) + " does not exist: the op that made it failed"
                                      : "unknown storage " + std::to_string(sid));
@@ -126,6 +126,11 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
   }
 
   std::vector<int64_t> touched;
+  struct Unpin {  // the op's storages may be swapped out again once it is done
+    Table& table;
+    size_t mark;
+    ~Unpin() { table.unpin(mark); }
+  } unpin{table_, table_.pin_mark()};
   try {
     std::vector<c10::IValue> stack = t.stack;
     for (const auto slot : t.list_slots) {
@@ -152,6 +157,8 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
       } else {
         if (!table_.contains(values[i].sid)) {
           need += hole.layout.span;
+        } else {
+          table_.resident(values[i].sid);  // written into: on the device, pinned
         }
         continue;
       }
@@ -162,6 +169,7 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
       }
     }
     table_.check_fits(need);  // refuse, before running, outputs over the limit
+    table_.room(need);
     t.op.callBoxed(stack);
     ++ops_done_;
     bind(t, stack, out_sids, touched);

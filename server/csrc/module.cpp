@@ -142,10 +142,18 @@ PYBIND11_MODULE(_native, m) {
     }
   });
 
-  py::class_<Executor>(m, "Executor")
-      .def(py::init([](const std::string& device, int64_t limit) {
-        return std::make_unique<Executor>(c10::Device(device), limit);
+  py::class_<Pool, std::shared_ptr<Pool>>(m, "Pool")
+      .def(py::init([](const std::string& device, int64_t capacity, int64_t swap_capacity) {
+        return std::make_shared<Pool>(c10::Device(device), capacity, swap_capacity);
       }))
+      // (capacity, swap_capacity, resident, swapped, peak_resident) bytes, all sessions
+      .def("figures", &Pool::figures);
+
+  py::class_<Executor>(m, "Executor")
+      .def(py::init([](const std::string& device, int64_t limit, std::shared_ptr<Pool> pool) {
+             return std::make_unique<Executor>(c10::Device(device), limit, std::move(pool));
+           }),
+           py::arg("device"), py::arg("limit"), py::arg("pool") = nullptr)
       // -- the storage table
       .def("contains", [](Executor& s, int64_t sid) { return s.table().contains(sid); })
       .def("size", [](Executor& s) { return s.table().size(); })
@@ -153,19 +161,40 @@ PYBIND11_MODULE(_native, m) {
       .def("peak", [](Executor& s) { return s.table().peak(); })
       .def("limit", [](Executor& s) { return s.table().limit(); })
       .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })
-      .def("check_fits", [](Executor& s, int64_t n) { s.table().check_fits(n); })
+      .def("check_fits", [](Executor& s, int64_t n) {
+        s.table().check_fits(n);
+        s.table().room(n);
+      })
       .def("alloc", [](Executor& s, int64_t sid, int64_t n) { s.table().alloc(sid, n); })
       .def("put", [](Executor& s, int64_t sid, const at::Tensor& bytes, bool replace) {
         s.table().put(sid, bytes.storage(), replace);
       })
       .def("get", [](Executor& s, int64_t sid) -> std::optional<at::Tensor> {
-        const auto* storage = s.table().find(sid);
+        const auto* storage = s.table().resident(sid);  // pinned until unpin()
         if (storage == nullptr) return std::nullopt;
         return bytes_of(*storage);
       })
       .def("free", [](Executor& s, int64_t sid) { return s.table().free(sid); })
       .def("clear", [](Executor& s) { return s.table().clear(); })
       .def("resync", [](Executor& s, const std::vector<int64_t>& sids) { s.table().resync(sids.data(), sids.size()); })
+      // -- swapping (swap.cpp)
+      .def("pin_mark", [](Executor& s) { return s.table().pin_mark(); })
+      .def("unpin", [](Executor& s, size_t mark) { s.table().unpin(mark); })
+      .def("swap_stats", [](Executor& s) {
+        const auto st = s.table().swap_stats();
+        py::dict d;
+        d["swapped_out_bytes"] = st.swapped_out_bytes;
+        d["swap_ins"] = st.swap_ins;
+        d["swap_outs"] = st.swap_outs;
+        d["prefetch_hits"] = st.prefetch_hits;
+        d["prefetch_misses"] = st.prefetch_misses;
+        d["swap_in_bytes"] = st.bytes_in;
+        d["swap_out_bytes"] = st.bytes_out;
+        d["swap_in_ns"] = st.ns_in;
+        d["swap_out_ns"] = st.ns_out;
+        d["swap_overcommits"] = st.overcommits;
+        return d;
+      })
       // -- failed storages
       .def("mark_failed", &Executor::mark_failed)
       .def("failed", &Executor::failed)

@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include "swap.h"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,8 +41,13 @@ struct ErrorThrown {
 // half of server/storage.py's StorageTable).
 class Table {
  public:
-  Table(c10::Device device, int64_t limit) : device_(device), limit_(limit), owner_(host_owner_open()) {}
-  ~Table() { host_owner_close(owner_); }
+  Table(c10::Device device, int64_t limit, std::shared_ptr<Pool> pool = nullptr)
+      : device_(device), limit_(limit), owner_(host_owner_open()), pool_(std::move(pool)) {}
+  // storages first: their cached host blocks go back to the owner, which then unmaps them
+  ~Table() {
+    clear();
+    host_owner_close(owner_);
+  }
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
@@ -50,10 +57,28 @@ class Table {
   int64_t peak() const { return peak_; }
   size_t size() const { return entries_.size(); }
   bool contains(int64_t sid) const { return entries_.count(sid) != 0; }
+  // An entry's storage; only for one pinned by resident() (or with no pool): another
+  // session may swap an unpinned one out at any time (swap.cpp).
   const c10::Storage* find(int64_t sid) const {
     auto it = entries_.find(sid);
     return it == entries_.end() ? nullptr : &it->second.storage;
   }
+
+  // -- swapping (swap.cpp) -------------------------------------------------------------------
+  // The storage of `sid` on the device (swapped in first if need be), pinned there until
+  // unpin(mark) with a mark taken before; nullptr if there is no such entry.
+  const c10::Storage* resident(int64_t sid);
+  size_t pin_mark() const { return pinned_.size(); }
+  void unpin(size_t mark);
+  // Refuses (Failure oom) `nbytes` more that the server's device memory cannot take.
+  void room(int64_t nbytes);
+  // Queued ops: `sids` are used by the op numbered `seq`; swapped-out ones are fetched.
+  void upcoming(const int64_t* sids, size_t n, uint64_t seq);
+  bool swapping() const { return pool_ && pool_->swapping(); }
+  uint64_t seq() const { return seq_; }
+  void set_seq(uint64_t seq) { seq_ = seq; }
+  SwapStats swap_stats() const;
+  void sync_stream();  // CUDA: waits for the work this session queued
 
   void check_fits(int64_t nbytes) const;
   void check_new(int64_t sid) const;
@@ -71,8 +96,11 @@ class Table {
   struct Entry {
     c10::Storage storage;
     int64_t nbytes;
+    Slot slot;  // its residency, under the pool's lock
   };
   void account(Entry& e, int64_t nbytes);
+  void unregister(Entry& e, Pool::Guard& g);
+  friend class Pool;
 
   c10::Device device_;
   int64_t limit_;
@@ -80,6 +108,12 @@ class Table {
   int64_t peak_ = 0;
   std::unordered_map<int64_t, Entry> entries_;
   uint64_t owner_;  // host_blocks: this session's cached memory is reused by it alone
+  // swapping: all under the pool's lock
+  std::shared_ptr<Pool> pool_;
+  std::vector<Slot*> pinned_;
+  uint64_t seq_ = 1;  // the op running (batch items are numbered on from here)
+  SwapStats stats_;
+  std::optional<c10::Stream> stream_;  // the session's compute stream (CUDA)
 };
 
 // A view's layout as a tensor reference gives it (storage id aside).
@@ -111,7 +145,8 @@ struct Template {
 
 class Executor {
  public:
-  Executor(c10::Device device, int64_t limit) : table_(device, limit) {}
+  Executor(c10::Device device, int64_t limit, std::shared_ptr<Pool> pool = nullptr)
+      : table_(device, limit, std::move(pool)) {}
 
   Table& table() { return table_; }
   int64_t ops_done() const { return ops_done_; }
@@ -152,10 +187,11 @@ class Executor {
 
  private:
   at::Tensor view(const c10::Storage& storage, const Layout& layout) const;
-  const c10::Storage& input(int64_t sid, const Layout& layout, c10::Storage& scratch) const;
+  const c10::Storage& input(int64_t sid, const Layout& layout, c10::Storage& scratch);
   void bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,
             const std::vector<int64_t>& touched);
   void run_item(size_t i);
+  void lookahead(size_t i);  // swap.cpp
 
   Table table_;
   int64_t ops_done_ = 0;
@@ -170,6 +206,8 @@ class Executor {
   };
   std::string meta_;
   std::vector<Item> items_;
+  uint64_t base_ = 0;  // the op sequence number of item 0
+  size_t ahead_ = 0;  // items before this one have been looked ahead at
 };
 
 }  // namespace remote_accel::server

@@ -28,9 +28,19 @@ void Table::check_new(int64_t sid) const {
 }
 
 void Table::account(Entry& e, int64_t nbytes) {
+  // the pool's lock is held, where there is a pool
   used_ += nbytes - e.nbytes;
   e.nbytes = nbytes;
   peak_ = std::max(peak_, used_);
+  if (pool_) {
+    if (e.slot.owner == nullptr) {
+      e.slot.owner = this;
+      e.slot.storage = &e.storage;
+      pool_->add(e.slot, nbytes);
+    } else {
+      pool_->resize(e.slot, nbytes);
+    }
+  }
 }
 
 void Table::alloc(int64_t sid, int64_t nbytes) {
@@ -39,47 +49,70 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
     fail("protocol", "bad allocation size " + std::to_string(nbytes));
   }
   check_fits(nbytes);
+  room(nbytes);
   // uploads land in new storages: on CPU, memory that takes no page faults
   auto cached = device_.is_cpu() ? host_storage(nbytes, owner_) : std::nullopt;
   auto storage = cached ? std::move(*cached)
                         : at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
-  auto& e = entries_.emplace(sid, Entry{std::move(storage), 0}).first->second;
+  Pool::Guard g(pool_.get());
+  auto& e = entries_.emplace(sid, Entry{std::move(storage), 0, {}}).first->second;
   account(e, nbytes);
+  e.slot.fresh = true;
 }
 
 void Table::put(int64_t sid, c10::Storage storage, bool replace) {
+  Pool::Guard g(pool_.get());
   auto it = entries_.find(sid);
   if (it == entries_.end() || !replace) {
     check_new(sid);
-    it = entries_.emplace(sid, Entry{c10::Storage(), 0}).first;
+    it = entries_.emplace(sid, Entry{c10::Storage(), 0, {}}).first;
   }
   const auto nbytes = static_cast<int64_t>(storage.nbytes());
-  it->second.storage = std::move(storage);
-  account(it->second, nbytes);
+  auto& e = it->second;
+  if (e.slot.swapped) {  // replaced whole: the swapped-out bytes are dead
+    unregister(e, g);
+  }
+  g.bury(std::move(e.storage));
+  e.storage = std::move(storage);
+  account(e, nbytes);
+  e.slot.fresh = false;
+  if (pool_) {
+    pool_->make_room(0, g);  // the result exists already: make room after the fact if need be
+  }
 }
 
 bool Table::free(int64_t sid) {
+  Pool::Guard g(pool_.get());
   auto it = entries_.find(sid);
   if (it == entries_.end()) {
     return false;
   }
   used_ -= it->second.nbytes;
+  unregister(it->second, g);
+  g.bury(std::move(it->second.storage));
   entries_.erase(it);
   return true;
 }
 
 std::pair<int64_t, int64_t> Table::clear() {
+  Pool::Guard g(pool_.get());
   const auto taken = std::make_pair(static_cast<int64_t>(entries_.size()), used_);
+  for (auto& [sid, e] : entries_) {
+    unregister(e, g);
+    g.bury(std::move(e.storage));
+  }
   entries_.clear();
+  pinned_.clear();
   used_ = 0;
   return taken;
 }
 
 void Table::resync(const int64_t* sids, size_t n) {
+  Pool::Guard g(pool_.get());
   bool grew = false;
   for (size_t i = 0; i < n; ++i) {
     auto it = entries_.find(sids[i]);
-    if (it == entries_.end()) {
+    if (it == entries_.end() || it->second.slot.swapped) {
       continue;
     }
     const auto now = static_cast<int64_t>(it->second.storage.nbytes());
