@@ -9,7 +9,12 @@ second remote and local; the server's cost per op beyond the kernel (the server'
 running the chain's requests, per op, less the same ops called locally from C++, i.e.
 dispatcher and kernel; needs a server that counts its busy time); the tiny Transformer step
 (2 encoder layers, d_model 64, 4 heads, ff 128, batch 8x32, AdamW) remote/local; and
-client cost per queued op, round trips per step, remote/local for a small MLP.
+client cost per queued op, round trips per step, remote/local for a small MLP; the sync
+points of issue #20 (sync_points.py: synchronize() with nothing queued, x.sum().item(),
+(x + 1).sum().item(), s.item() of a computed scalar, x.cpu() of 16 floats); a tiny GPT-2's
+greedy generate() remote / CPU (skipped, saying so, without the transformers package); and
+what a connected, idle client costs the user's own CPU work (2000 local 256x256
+matmul+tanh in the same process, connected against before init()).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
+
+import sync_points
 
 
 def _step_fn(model, device):
@@ -106,13 +113,23 @@ def _transformer_step_fn(device):
     return step
 
 
-def measure(transport_name: str, steps: int) -> dict:
+def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
     # the server always serves TCP too: its address is how the fixture knows it is up
     transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"
     with ServerProcess("--transport", transport) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
+        unconnected = sync_points.idle_matmuls()
         remote_accel.init(transport=transport_name, server=f"{host}:{port}", token=server.token)
+        time.sleep(0.5)  # idle: the poll threads back off as they would between a user's steps
+        connected = sync_points.idle_matmuls()
+        idle_cpu = sync_points.idle_cpu()
+        syncs = sync_points.sync_latencies()
+        generate = sync_points.generate_ratio()
+        if sync_only:
+            remote_accel.shutdown()
+            return {"transport": transport_name, "idle_connected_s": connected, "idle_unconnected_s": unconnected,
+                    "idle_cpu": idle_cpu, **syncs, **generate}
         session = runtime.sessions()[0]
         a = torch.randn(16, 16, device="remote_accel")
         n, enqueues, rates = 2000, [], []
@@ -159,7 +176,16 @@ def measure(transport_name: str, steps: int) -> dict:
         "chain_remote_ops_per_s": CHAIN_OPS / chain_remote, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
         "server_us_per_op": server_per_op * 1e6, "kernel_us": kernel * 1e6,
         "tf_local_ms": tf_local * 1e3, "tf_remote_ms": tf_remote * 1e3,
+        "idle_connected_s": connected, "idle_unconnected_s": unconnected, "idle_cpu": idle_cpu,
+        **syncs, **generate,
     }
+
+
+def _generate_row(r: dict) -> str:
+    if "gen_remote_ms" not in r:
+        return "skipped: transformers is not installed"
+    same = "" if r["gen_tokens_equal"] else " (tokens differ!)"
+    return f"{r['gen_remote_ms']:.1f} / {r['gen_local_ms']:.1f} = {r['gen_remote_ms'] / r['gen_local_ms']:.2f}x{same}"
 
 
 ROWS = (
@@ -176,7 +202,22 @@ ROWS = (
      lambda r: f"{r['mlp_remote_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_remote_ms'] / r['mlp_local_ms']:.1f}x"),
     ("MLP step remote compiled / local",
      lambda r: f"{r['mlp_compiled_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_compiled_ms'] / r['mlp_local_ms']:.1f}x"),
+    *((name, lambda r, key=key: f"{r[key]:.1f}") for name, key in sync_points.SYNC_ROWS),
+    ("tiny GPT-2 generate 16 tokens remote / CPU (ms)", _generate_row),
+    (f"idle client: {sync_points.IDLE_MATMULS} local matmul+tanh (s)",
+     lambda r: f"{r['idle_connected_s']:.2f} / {r['idle_unconnected_s']:.2f} = "
+               f"{r['idle_connected_s'] / r['idle_unconnected_s']:.2f}x"),
+    ("idle client's own CPU use (% of a core)", lambda r: f"{r['idle_cpu'] * 100:.1f}"),
 )
+#: what the idle-client row compares
+IDLE_NOTE = "idle client: connected (idle) / before init() in the same process"
+
+
+def _cell(fmt, result: dict) -> str:
+    try:
+        return fmt(result)
+    except KeyError:  # not measured (--sync-only)
+        return "-"
 
 
 def main() -> int:
@@ -184,16 +225,18 @@ def main() -> int:
     parser.add_argument("--transport", choices=("tcp", "dpdk", "both"), default="both")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", action="store_true", help="one JSON object per transport, for machines")
+    parser.add_argument("--sync-only", action="store_true",
+                        help="only the sync points, the generate ratio and the idle-client cost")
     args = parser.parse_args()
     if args.transport != "both":
-        result = measure(args.transport, args.steps)
-        print(json.dumps(result) if args.json else "\n".join(f"{n:44s} {f(result)}" for n, f in ROWS))
+        result = measure(args.transport, args.steps, args.sync_only)
+        print(json.dumps(result) if args.json else "\n".join(f"{n:48s} {_cell(f, result)}" for n, f in ROWS))
         return 0
     # A process per transport: the device and DPDK's EAL are set up once per process.
     results = []
     for transport in ("tcp", "dpdk"):
         child = subprocess.run([sys.executable, __file__, "--transport", transport, "--steps", str(args.steps),
-                                "--json"], capture_output=True, text=True)
+                                "--json"] + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
         lines = child.stdout.strip().splitlines()
         if child.returncode != 0 or not lines:
             print(f"{transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)
@@ -202,9 +245,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"{'':44s} " + " ".join(f"{r['transport']:>24s}" for r in results))
+    print(f"{'':48s} " + " ".join(f"{r['transport']:>30s}" for r in results))
     for name, fmt in ROWS:
-        print(f"{name:44s} " + " ".join(f"{fmt(r):>24s}" for r in results))
+        print(f"{name:48s} " + " ".join(f"{_cell(fmt, r):>30s}" for r in results))
+    print(IDLE_NOTE)
     return 0 if len(results) == 2 else 1
 
 

@@ -87,10 +87,19 @@ class TcpTransport(Transport):
         return dict(self._counters)
 
     def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
-        views = [byte_view(p) for p in payloads]
-        prologue = wire.encode_prologue(msg_type, meta, [v.nbytes for v in views], req_id=req_id,
-                                        flags=flags, limits=self._limits)
-        pieces = [memoryview(prologue)] + [v for v in views if v.nbytes]
+        self.send_many(((msg_type, meta, payloads, req_id),), flags=flags)
+
+    def send_many(self, messages: Sequence, *, flags: int = 0) -> None:
+        """Send (type, meta, payloads, req_id) messages back to back in one system call:
+        a sync point's flush and its request wake the peer once. Raises as send."""
+        pieces, total = [], 0
+        for msg_type, meta, payloads, req_id in messages:
+            views = [byte_view(p) for p in payloads]
+            prologue = wire.encode_prologue(msg_type, meta, [v.nbytes for v in views], req_id=req_id,
+                                            flags=flags, limits=self._limits)
+            pieces.append(memoryview(prologue))
+            pieces += [v for v in views if v.nbytes]
+            total += len(prologue) + sum(v.nbytes for v in views)
         with self._send_lock:
             self._check_open()
             try:
@@ -99,8 +108,8 @@ class TcpTransport(Transport):
                 raise self._broken(f"send to {self.peer} stalled for {self._stall:.0f} s") from None
             except OSError as exc:
                 raise self._broken(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
-        self._counters["tx_messages"] += 1
-        self._counters["tx_bytes"] += len(prologue) + sum(v.nbytes for v in views)
+        self._counters["tx_messages"] += len(messages)
+        self._counters["tx_bytes"] += total
 
     def _sendall(self, pieces: list) -> None:
         while pieces:

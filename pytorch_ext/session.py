@@ -63,6 +63,9 @@ class Session:
         self._stop = threading.Event()
         self._abandoned: set[int] = set()  # ids of requests whose caller stopped waiting
         self._late_error: Optional[RemoteAccelError] = None  # reported to an abandoned sync
+        # the server's ops_done of the last SyncOk while nothing was sent since: a sync
+        # then has nothing to wait for and no error to hear about (None: ask the server)
+        self._settled: Optional[int] = None
         self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0,
                          "peer_copies": 0, "peer_bytes": 0}
         #: "host:port" other servers reach this one at (TCP), and its token: set by init()
@@ -138,24 +141,31 @@ class Session:
                 self._batch_items += requests
                 self.counters["ops"] += ops
 
-    def flush(self) -> None:
-        """Send every queued request now (without waiting for anything)."""
+    def flush(self, then: Optional[tuple] = None) -> None:
+        """Send every queued request now (without waiting for anything). `then`, a
+        (type, meta, payloads, req_id) request, leaves right after them in the same call
+        of the transport: over TCP a sync point's flush and request wake the server once."""
         with self._lock:
-            if self._dead is None:
-                # freed ids first: every use of them is queued by now, in C++ or here, and
-                # a storage freed after this point may have its ALLOC in the C++ queue
-                gone = self.freed_source() if self.freed_source is not None else None
-                self._take_native()
-                if gone:
-                    self._batch += encode(m.batch_item(m.FreeStorage(tuple(gone))))
-                    self._batch_items += 1
-            if not self._batch_items:
-                return
-            meta = m.encoded_batch(self._batch_items, self._batch)
-            payloads = self._payloads
-            self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
-            self.counters["batches"] += 1
-            self._send_encoded(m.Batch.TYPE, meta, payloads)
+            self._collect()
+            messages = [then] if then is not None else []
+            if self._batch_items:
+                meta = m.encoded_batch(self._batch_items, self._batch)
+                messages.insert(0, (m.Batch.TYPE, meta, self._payloads, 0))
+                self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
+                self.counters["batches"] += 1
+            if messages:
+                self._send_many(messages)
+
+    def _collect(self) -> None:
+        """Move what the C++ queue and the freed ids hold into the batch."""
+        if self._dead is None:
+            # freed ids first: every use of them is queued by now, in C++ or here, and
+            # a storage freed after this point may have its ALLOC in the C++ queue
+            gone = self.freed_source() if self.freed_source is not None else None
+            self._take_native()
+            if gone:
+                self._batch += encode(m.batch_item(m.FreeStorage(tuple(gone))))
+                self._batch_items += 1
 
     # -- sync points ---------------------------------------------------------------------------
     def sync(self, timeout: Optional[float] = None) -> int:
@@ -164,7 +174,14 @@ class Session:
         timeout: give up after this many seconds with DeadlineExceeded (the work goes on
         on the server and the session stays usable); None: wait as long as it takes.
         """
-        return self._call(m.Sync(), m.SyncOk, deadline=timeout).ops_done
+        with self._lock:
+            self._collect()
+            if (self._settled is not None and not self._batch_items and self._late_error is None
+                    and not self._abandoned and self._dead is None):
+                return self._settled  # as torch.cuda.synchronize() with an idle device: no wait
+            ops_done = self._call(m.Sync(), m.SyncOk, deadline=timeout).ops_done
+            self._settled = ops_done
+            return ops_done
 
     def read(self, sid: int, offset: int, nbytes: int, out=None):
         """Download bytes of a storage into `out` (a writable buffer) or a new buffer."""
@@ -246,10 +263,21 @@ class Session:
         self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
 
     def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
+        self._send_many([(msg_type, meta, payloads, req_id)])
+
+    def _send_many(self, messages: list) -> None:
+        """Send (type, meta, payloads, req_id) messages in order, in one transport call
+        where the transport has send_many."""
         self._check_alive()
+        self._settled = None
+        send_many = getattr(self.transport, "send_many", None)
         try:
             with interrupts.deferred():  # half a message would put the stream out of step for good
-                self.transport.send(msg_type, meta, payloads, req_id=req_id)
+                if send_many is not None:
+                    send_many(messages)
+                else:
+                    for msg_type, meta, payloads, req_id in messages:
+                        self.transport.send(msg_type, meta, payloads, req_id=req_id)
         except TransportError as exc:
             raise self._fail(exc) from exc
         self._last_send = time.monotonic()
@@ -268,9 +296,8 @@ class Session:
         """Flush, send `msg`, wait for its reply (skipping heartbeats and late replies)."""
         with self._lock:
             with interrupts.deferred() as sigint:
-                self.flush()
                 req_id = next(self._req_ids) & 0xFFFFFFFF or next(self._req_ids)  # 0: unsolicited
-                self._send(msg, [], req_id=req_id)
+                self.flush(then=(msg.TYPE, m.encode(msg), [], req_id))
                 self.counters["round_trips"] += 1
                 reply = self._wait(req_id, sink, deadline, sigint)
             decoded = m.decode(reply.type, reply.meta)

@@ -84,6 +84,41 @@ def interrupted(a, timeout: float) -> None:
     say("clean")
 
 
+def stale(a, timeout: float) -> None:
+    """Ctrl-C during `.item()`, then errors between scalar reads and synchronize()s: every
+    value read is the one asked for, every error surfaces once at the next sync point."""
+    x = torch.arange(4.0, device="remote_accel")
+    y = long_work(a, 8)
+    say("waiting", time.monotonic())
+    try:
+        y.sum().item()
+        say("not-interrupted")
+    except KeyboardInterrupt:
+        say("interrupted", time.monotonic())
+    bad = x[torch.tensor([0, 10]).to("remote_accel")]  # fails on the server
+    try:  # the interrupted read's late reply is skipped; this sync hears the error
+        torch.remote_accel.synchronize()
+        say("first-sync none")
+    except remote_accel.RemoteAccelError as exc:
+        say("first-sync", "bounds" in str(exc))
+    results = []
+    for i in range(12):
+        if i % 3 == 1:  # an error queued between two reads
+            bad = x[torch.tensor([0, 10 + i]).to("remote_accel")]
+            try:
+                torch.remote_accel.synchronize() if i % 2 else (x * i).sum().item()
+                results.append("missed")
+            except remote_accel.RemoteAccelError as exc:
+                results.append("bounds" in str(exc))
+        torch.remote_accel.synchronize()
+        torch.remote_accel.synchronize()  # nothing sent since: no error, no round trip needed
+        results.append((x + i).sum().item() == 6.0 + 4 * i and (x * i)[3].item() == 3.0 * i)
+    del bad
+    say("results", *results)
+    remote_accel.shutdown()
+    say("clean")
+
+
 def main() -> int:
     scenario, transport, server, token, timeout = sys.argv[1:6]
     timeout = float(timeout)
@@ -91,7 +126,7 @@ def main() -> int:
     remote_accel.init(transport=transport, token=token, timeout=timeout, **kwargs)
     a = torch.randn(1024, 1024, device="remote_accel")
     say("ready")
-    {"busy": busy, "frozen": frozen, "interrupted": interrupted}[scenario](a, timeout)
+    {"busy": busy, "frozen": frozen, "interrupted": interrupted, "stale": stale}[scenario](a, timeout)
     return 0
 
 

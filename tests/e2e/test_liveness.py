@@ -112,3 +112,21 @@ def test_ctrl_c_interrupts_a_sync_and_the_session_goes_on(server):
     client.expect("clean")
     client.finish()
     assert server.alive()
+
+
+def test_scalar_reads_after_ctrl_c_and_errors_get_their_own_replies(server):
+    """#20: `.item()` and synchronize() take their own reply after an interrupted read
+    and after errors of queued ops; a synchronize() with nothing sent since the last
+    one answers locally, but never hides an error of an op queued after it."""
+    client = Client(server, "stale")
+    client.expect("ready")
+    client.expect("waiting")
+    time.sleep(0.5)  # inside the read's wait: the work takes 8 s
+    client.proc.send_signal(signal.SIGINT)
+    client.expect("interrupted")
+    assert client.expect("first-sync") == ["True"]
+    # per round: [the queued error surfaced,] the reads were right
+    assert client.expect("results") == ["True"] * 16
+    client.expect("clean")
+    client.finish()
+    assert server.alive()
