@@ -113,8 +113,7 @@ def main() -> int:
               f"{'step ms (slowest)':>17}")
     for transport in transports:
         for n in counts:
-            # A fresh server per run: memif in DPDK 22.11 can hang a server's interrupt
-            # thread after many clients came and went (see README, Troubleshooting).
+            # A fresh server per run: each client count starts from the same state.
             with ServerProcess("--transport", "tcp,dpdk", "--max-clients", str(n + 1)) as server:
                 r = run(server, transport, n, args.steps)
             if args.json:

@@ -144,11 +144,15 @@ def claim(sock_path: str) -> int:
             _held[sock_path] = (fd, i)
             return i
     os.close(fd)
+    # Both limits, always: which one a user can raise depends on which one was hit.
     if info["limited_by"] == "ports":
-        hint = (f"{n} is DPDK's limit of ports per server process; more local clients can use "
-                "transport='tcp' (transport='auto' does so by itself)")
+        hint = (f"{n} memif slots is the most a server has: DPDK's limit of ports per process "
+                f"(RTE_MAX_ETHPORTS {MAX_SLOTS}), so raising the server's --max-clients gives no more; "
+                "more local clients can use transport='tcp' (transport='auto' does so by itself)")
     else:
-        hint = f"start the server with a larger --max-clients (now {n})"
+        hint = (f"start the server with a larger --max-clients (now {n}); a server has at most "
+                f"{MAX_SLOTS} memif slots, DPDK's limit of ports per process (RTE_MAX_ETHPORTS), and more "
+                "local clients than that use transport='tcp'")
     raise MemifSlotsFull(f"the DPDK server on {sock_path} is full: all {n} memif client slots are "
                          f"taken by live local clients; {hint}")
 

@@ -2,10 +2,13 @@
  * Making connections: a client's connect (link first, then HELLO until ACCEPT), a
  * server's listen and the accept queues (one per listen group) that HELLOs fill.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 
 #include <rte_random.h>
@@ -47,6 +50,39 @@ shim_conn_opts_default(struct shim_conn_opts *o)
 	o->group = 0;
 }
 
+/* DPDK 22.11's memif server panics in its interrupt thread (or, once the fd number is
+ * reused, blocks it in a read on another client's control socket: no new client is
+ * accepted) when a control connection closes before the server accepted it: the HELLO
+ * it then sends fails and that error path frees the channel but leaves its fd
+ * registered. A restart closes the control connection, so restart only while this
+ * process holds none: a connected SOCK_SEQPACKET socket whose peer has a name (the
+ * server's socket; the server's own accepted ends have unnamed peers) means the
+ * handshake is queued or under way, and memif closes it itself when refused. */
+static bool
+memif_control_open(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	bool found = false;
+
+	if (d == NULL)
+		return false;
+	while (!found && (e = readdir(d)) != NULL) {
+		struct sockaddr_un peer;
+		socklen_t len = sizeof(peer), tlen;
+		int fd = atoi(e->d_name), type;
+
+		tlen = sizeof(type);
+		if (e->d_name[0] == '.' || fd == dirfd(d) ||
+		    getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0 || type != SOCK_SEQPACKET)
+			continue;
+		found = getpeername(fd, (struct sockaddr *)&peer, &len) == 0 && peer.sun_family == AF_UNIX &&
+		       len > sizeof(sa_family_t);
+	}
+	closedir(d);
+	return found;
+}
+
 /* -- connect / listen / accept ------------------------------------------------------ */
 int
 shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_ns,
@@ -79,7 +115,7 @@ shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_n
 		now = rte_rdtsc();
 		if (now >= deadline || atomic_load(&shim_down))
 			return -ENOLINK;
-		if (p->is_memif && now >= next_restart) {
+		if (p->is_memif && now >= next_restart && !memif_control_open()) {
 			shim_port_restart(port);
 			next_restart = now + ns_to_tsc(LINK_RETRY_NS);
 		}

@@ -210,3 +210,101 @@ def test_default_init_over_tcp_is_quiet(server, tmp_path):
     proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=WAIT_S, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
     assert proc.stderr == ""
+
+
+RECONNECTS = 40
+# A short-lived user: connect, check a few ops, then leave as told: "exit" (a clean
+# shutdown), "kill" (SIGKILL once it has worked). Two at a time, so that one's
+# connect meets another's leaving on the server's memif control thread.
+SHORT_LIVED = textwrap.dedent("""
+    import sys, torch, remote_accel
+    remote_accel.init(transport="dpdk", timeout=60)
+    x = torch.arange(4.0, device="remote_accel")
+    print(float((x * 2).sum().item()), flush=True)
+    if sys.argv[1] == "kill":
+        sys.stdin.readline()
+    remote_accel.shutdown()
+""")
+
+
+def test_forty_memif_clients_come_and_go_and_the_server_still_takes_new_ones():
+    """Issue 19: after ~20 clients had come and gone, a server once stopped taking memif
+    clients (new ones hung in EAL start-up). Each of 40 short-lived clients, leaving
+    cleanly, killed after its work, or killed while it starts, must get its answer;
+    afterwards every session and slot is free and a new client trains."""
+    with ServerProcess("--transport", "tcp,dpdk", "--max-clients", "4", start_timeout=WAIT_S) as server:
+        env = dict(os.environ, **server.client_env())
+        sock = socket_of(server)
+        modes = ["exit", "kill", "exit", "kill", "early"] * (RECONNECTS // 5)
+        for i in range(0, RECONNECTS, 2):
+            procs = [(mode, subprocess.Popen([sys.executable, "-c", SHORT_LIVED, mode], env=env, text=True,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE)) for mode in modes[i:i + 2]]
+            try:
+                for mode, proc in procs:
+                    if mode == "early":  # killed somewhere in EAL start-up or the memif handshake
+                        time.sleep(0.5 + (i % 7) * 0.3)
+                        proc.kill()
+                        proc.wait()
+                        continue
+                    assert read_line(proc) == "12.0", f"client {i} ({mode})"
+                    if mode == "kill":
+                        proc.kill()
+                    proc.wait(WAIT_S)
+                    if mode == "exit":
+                        assert proc.returncode == 0, proc.stderr.read()
+            finally:
+                for _, proc in procs:
+                    proc.kill()
+                    proc.wait()
+        assert server.alive(), server.log()
+        with Client.tcp(*server.tcp, token=server.token) as observer:
+            wait_for(lambda: observer.stats()["server_sessions"] == 1, "the 40 sessions to end")
+        wait_for(lambda: memif_slots.held_slots(sock) == [], "every slot to be free")
+        last = trainer(server, seed=3)
+        try:
+            assert read_line(last) == "connected"
+            tell(last, "go")
+            result = json.loads(read_line(last))
+            assert result["remote"] == pytest.approx(result["cpu"], rel=1e-4, abs=1e-5)
+            tell(last, "exit")
+            assert last.wait(WAIT_S) == 0
+        finally:
+            last.kill()
+            last.wait()
+        assert "Traceback" not in server.log(), server.log()
+
+
+def test_a_client_waits_for_a_server_slow_to_accept_instead_of_crashing_it():
+    """The cause of issue 19's hang: a memif client restarted its port while its control
+    connection still sat in the server's accept queue; DPDK 22.11's memif server then
+    panics (or, when the fd number is reused, blocks its interrupt thread: no client is
+    accepted any more). A server that does not accept for 3 s (stopped) must find the
+    client still there, and live on for the next ones."""
+    with ServerProcess("--transport", "tcp,dpdk", "--max-clients", "2", start_timeout=WAIT_S) as server:
+        first = trainer(server, seed=1)
+        try:
+            wait_for(lambda: eal_dirs(first.pid), "the client's EAL to start", WAIT_S)
+            os.kill(server.proc.pid, signal.SIGSTOP)  # its connect queues; restarts would close it
+            time.sleep(3)
+            os.kill(server.proc.pid, signal.SIGCONT)
+            assert read_line(first) == "connected"
+            assert server.alive(), server.log()
+            second = trainer(server, seed=2)
+            try:
+                assert read_line(second) == "connected"
+                for proc in (first, second):
+                    tell(proc, "go")
+                for proc in (first, second):
+                    result = json.loads(read_line(proc))
+                    assert result["remote"] == pytest.approx(result["cpu"], rel=1e-4, abs=1e-5)
+                    tell(proc, "exit")
+                    assert proc.wait(WAIT_S) == 0
+            finally:
+                second.kill()
+                second.wait()
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            first.kill()
+            first.wait()
+        assert server.alive() and "panic" not in server.log().lower(), server.log()

@@ -84,6 +84,7 @@ def test_memif_slots_are_claimed_per_process_and_freed_when_it_dies(runtime):
                                 f" as ms; ms.claim({sock!r})"], capture_output=True, text=True)
         assert "is full: all 2 memif client slots are taken" in other.stderr
         assert "--max-clients (now 2)" in other.stderr
+        assert f"at most {memif_slots.MAX_SLOTS} memif slots, DPDK's limit of ports per process" in other.stderr
         holder.kill()
         holder.wait(10)
         assert memif_slots.held_slots(sock) == [1]  # the killed process's slot is free at once
@@ -102,8 +103,9 @@ def test_slots_limited_by_ports_say_so(runtime):
     fd = os.open(memif_slots.slots_path(sock), os.O_RDWR)
     try:
         assert memif_slots._try_lock(fd, 0)  # another open file: another client, as far as locks go
-        with pytest.raises(memif_slots.MemifSlotsFull, match="DPDK's limit of ports.*transport='tcp'"):
+        with pytest.raises(memif_slots.MemifSlotsFull, match="DPDK's limit of ports.*transport='tcp'") as exc:
             memif_slots.claim(sock)
+        assert "--max-clients gives no more" in str(exc.value)  # the server option named, and why not
     finally:
         os.close(fd)
         memif_slots.unpublish(sock)
