@@ -30,7 +30,7 @@ constexpr int kSmallBias = 128;
 constexpr int kMaxDepth = 64;
 constexpr int64_t kMaxItems = int64_t{1} << 22;
 
-// torch_values Ext codes
+// torch_wire/values.py Ext codes
 constexpr uint8_t kExtTensor = 1, kExtCpuTensor = 7;
 
 // message types allowed inside a Batch

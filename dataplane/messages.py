@@ -215,7 +215,7 @@ class StatsReply:
 @_message(MsgType.RNG)
 class Rng:
     action: str  # "get" | "set"
-    generator: Any  # the generator reference, see torch_values
+    generator: Any  # the generator reference, see torch_wire.values
     state: bytes = b""
 
 
