@@ -76,5 +76,6 @@ def test_message_prologue_matches_the_shim_and_the_dissector():
 def test_goodbye_copies_are_one_number():
     """The shim sends GOODBYE a few times (frames may be lost); every sender uses the one count."""
     for name in ("chan.c", "engine.c"):
-        loops = re.findall(r"for \(int \w+ = 0; \w+ < (\w+); \w+\+\+\)\s*\n\s*conn_send_ctrl\(c, FT_GOODBYE", _source(name))
+        loop = r"for \(int \w+ = 0; \w+ < (\w+); \w+\+\+\)\s*\n\s*conn_send_ctrl\(c, FT_GOODBYE"
+        loops = re.findall(loop, _source(name))
         assert loops and set(loops) == {"GOODBYE_COPIES"}, (name, loops)
