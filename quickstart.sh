@@ -26,6 +26,7 @@ command -v g++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tcpdump >/dev/null || need+=(tcpdump)  # the dissector tests capture real traffic
 command -v openssl >/dev/null || need+=(openssl)  # TLS tests and the benchmark make certificates with it
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)  # tests/unit/test_crc.py: the shim's CRC builds for AArch64
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv python3-dev)
 if ((${#need[@]})); then
   log "installing ${need[*]}"
@@ -92,7 +93,7 @@ models_suites=(-m "not slow" tests/models tests/device tests/e2e tests/server)
 run_models() {
   prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}" || return
   log "tests in $models_venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
-  REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider "$@"
+  REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider --durations=25 "$@"
 }
 
 if [[ $what == models ]]; then
@@ -112,7 +113,7 @@ case $what in
     (($#)) && exec "$py" -m pytest -p no:cacheprovider "$@"
     # without: everything CI runs, both venvs, even when the first run fails
     status=0
-    "$py" -m pytest -p no:cacheprovider --ignore=tests/models || status=$?
+    "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models || status=$?
     run_models "${models_suites[@]}" || status=$?
     exit $status ;;
 esac

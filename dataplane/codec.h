@@ -1,5 +1,5 @@
 // The wire facts C++ needs, in one place: codec tags (dataplane/codec.py), torch value
-// codes (dataplane/torch_values.py), message types (dataplane/wire.py), the writer the
+// codes (torch_wire/values.py), message types (dataplane/wire.py), the writer the
 // client's queue (pytorch_ext/csrc/op_queue.cpp) encodes batch items with, and the reader
 // the server's executor (server/csrc/batch.cpp) decodes them with, which checks every
 // length and type it meets. tests/unit/test_codec_header.py checks the numbers below
@@ -30,7 +30,7 @@ constexpr int kSmallBias = 128;
 constexpr int kMaxDepth = 64;
 constexpr int64_t kMaxItems = int64_t{1} << 22;
 
-// torch_values Ext codes
+// torch_wire/values.py Ext codes
 constexpr uint8_t kExtTensor = 1, kExtCpuTensor = 7;
 
 // message types allowed inside a Batch

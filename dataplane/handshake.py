@@ -19,7 +19,8 @@ traffic may relay a handshake and then ride the session. TCP between hosts takes
 for that (`tls`); DPDK links are meant for a trusted L2 fabric.
 
 The client half lives here once, for every client (the device's session, the test
-client, ra-testpmd); the server half is `server.auth.handshake`, on the same helpers.
+client, ra-testpmd), with the one mapping of the server's error kinds to exceptions
+(`remote_error`); the server half is `server.auth.handshake`, on the same helpers.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import hmac
 import secrets
 import time
 
+from .. import errors
 from .._version import WIRE_VERSION
-from ..errors import AuthError, PeerGone, ProtocolError, RemoteOpError, TransportTimeout
+from ..errors import AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError, TransportTimeout
 from . import messages as m
 from .transport import Transport
 from .wire import type_name
@@ -66,6 +68,25 @@ def server_proof(token: str, client_nonce: bytes, server_nonce: bytes) -> bytes:
 def matches(expected: bytes, given: bytes) -> bool:
     """Constant-time comparison: the time taken says nothing about how much was right."""
     return type(given) is bytes and hmac.compare_digest(expected, given)
+
+
+#: ErrorReply kinds with an exception class of their own ("oom" too, below); the rest,
+#: op failures above all, raise RemoteOpError
+_ERROR_CLASSES = {"auth": AuthError, "protocol": ProtocolError}
+
+
+def remote_error(reply: m.ErrorReply, who: str = "remote_accel server") -> RemoteAccelError:
+    """The exception a client raises for the server's ErrorReply: the kind picks the
+    class and stays in `.kind`, the server's traceback becomes a note."""
+    if reply.kind == "oom":  # a torch.OutOfMemoryError: errors makes it on first use
+        cls = errors.RemoteOutOfMemoryError
+    else:
+        cls = _ERROR_CLASSES.get(reply.kind, RemoteOpError)
+    exc = cls(f"{who}: [{reply.kind}] {reply.message}")
+    exc.kind = reply.kind
+    if reply.trace:
+        exc.add_note("server traceback:\n" + reply.trace)
+    return exc
 
 
 def _hmac(token: str, data: bytes) -> bytes:
@@ -122,8 +143,7 @@ def _expect(transport: Transport, cls, deadline: float, timeout: float):
                        "refused the connection)") from exc
     reply = m.decode(msg.type, msg.meta)
     if isinstance(reply, m.ErrorReply):
-        error = {"auth": AuthError, "protocol": ProtocolError}.get(reply.kind, RemoteOpError)
-        raise error(f"the remote_accel server at {transport.peer} refused us ({reply.kind}): {reply.message}")
+        raise remote_error(reply, f"the remote_accel server at {transport.peer} refused us")
     if not isinstance(reply, cls):
         raise ProtocolError(f"{transport.peer} answered the handshake with {type_name(msg.type)}, "
                             f"not {type_name(cls.TYPE)}")

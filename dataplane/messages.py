@@ -3,7 +3,7 @@
 Each class has a wire type (`wire.MsgType`); its fields travel in the meta as a tuple,
 in declaration order, encoded by `codec`. `decode` checks the field count and each
 field's type, so a server can hand the result to its handlers without trusting the peer.
-Tensors travel as `codec.Ext` values defined in `torch_values` (this module stays
+Tensors travel as `codec.Ext` values defined in `torch_wire.values` (the data plane stays
 torch-free). Payload buffers (WRITE data, READ replies, ECHO) travel beside the meta.
 """
 
@@ -215,7 +215,7 @@ class StatsReply:
 @_message(MsgType.RNG)
 class Rng:
     action: str  # "get" | "set"
-    generator: Any  # the generator reference, see torch_values
+    generator: Any  # the generator reference, see torch_wire.values
     state: bytes = b""
 
 

@@ -195,8 +195,8 @@ recv_post(struct shim_conn *c, const struct shim_iov *iov, int n)
 }
 
 int64_t
-shim_conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_ns,
-		     uint64_t *msg_len)
+conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_ns,
+		uint64_t *msg_len)
 {
 	struct shim_port *p = c->port;
 	struct shim_iov v;

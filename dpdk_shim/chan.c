@@ -362,7 +362,8 @@ chan_port_poll(struct shim_port *p)
 	if (!p->ready)
 		return 0;  /* removed or shut down: its connections are dead already */
 	now = port_clock(p);
-	port_check_link(p, now);
+	if (port_check_link(p, now))
+		chan_port_down(p, "link down: the peer's port went away");
 	for (int round = 0; round < RX_ROUNDS; round++) {
 		uint16_t n = port_rx(p, pkts, (uint16_t)RTE_DIM(pkts));
 

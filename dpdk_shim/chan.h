@@ -153,8 +153,10 @@ conn_error(const struct shim_conn *c)
 	}
 }
 
-/* accept queue (connect.c) */
+/* accept.c */
+#define ACCEPT_GROUPS 16  /* listen groups, each with its accept queue */
 void accept_push(struct shim_conn *c);
+void accept_reopen(int group);  /* a listen again takes connections */
 
 /* engine.c: waiting with backoff */
 struct waiter {

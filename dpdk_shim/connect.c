@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * Making connections: a client's connect (link first, then HELLO until ACCEPT), a
- * server's listen and the accept queues (one per listen group) that HELLOs fill.
+ * server's listen (the accept queues that HELLOs fill are accept.c's).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -15,26 +15,9 @@
 
 #include "chan.h"
 
-#define MAX_GROUPS 16
 #define LINK_RETRY_NS 250000000ull
 
 extern atomic_bool shim_down;
-
-static pthread_mutex_t accept_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t accept_cond;
-static pthread_once_t accept_once = PTHREAD_ONCE_INIT;
-static struct shim_conn *accept_head[MAX_GROUPS], *accept_tail[MAX_GROUPS];
-static int accept_cancelled[MAX_GROUPS];
-
-static void
-accept_init(void)
-{
-	pthread_condattr_t a;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&accept_cond, &a);
-}
 
 void
 shim_conn_opts_default(struct shim_conn_opts *o)
@@ -83,7 +66,7 @@ memif_control_open(void)
 	return found;
 }
 
-/* -- connect / listen / accept ------------------------------------------------------ */
+/* -- connect / listen ---------------------------------------------------------------- */
 int
 shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_ns,
 	     struct shim_conn **out)
@@ -116,7 +99,10 @@ shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_n
 		if (now >= deadline || atomic_load(&shim_down))
 			return -ENOLINK;
 		if (p->is_memif && now >= next_restart && !memif_control_open()) {
-			shim_port_restart(port);
+			pthread_mutex_lock(&p->lock);
+			chan_port_down(p, "port restarted");
+			port_restart(p);
+			pthread_mutex_unlock(&p->lock);
 			next_restart = now + ns_to_tsc(LINK_RETRY_NS);
 		}
 		nanosleep(&ts, NULL);
@@ -167,9 +153,8 @@ shim_listen(uint16_t port, const struct shim_conn_opts *opts)
 		return -ENODEV;
 	if (p->raw)
 		return -EBUSY;
-	if (opts != NULL && (opts->group < 0 || opts->group >= MAX_GROUPS))
+	if (opts != NULL && (opts->group < 0 || opts->group >= ACCEPT_GROUPS))
 		return -EINVAL;
-	pthread_once(&accept_once, accept_init);
 	pthread_mutex_lock(&p->lock);
 	if (opts != NULL)
 		p->listen_opts = *opts;
@@ -178,9 +163,7 @@ shim_listen(uint16_t port, const struct shim_conn_opts *opts)
 	p->listen_group = p->listen_opts.group;
 	p->listening = true;
 	pthread_mutex_unlock(&p->lock);
-	pthread_mutex_lock(&accept_lock);
-	accept_cancelled[p->listen_group] = 0;
-	pthread_mutex_unlock(&accept_lock);
+	accept_reopen(p->listen_group);
 	return 0;
 }
 
@@ -195,72 +178,5 @@ shim_unlisten(uint16_t port)
 	p->listening = false;
 	pthread_mutex_unlock(&p->lock);
 	return 0;
-}
-
-void
-accept_push(struct shim_conn *c)
-{
-	int g = c->group;
-
-	pthread_once(&accept_once, accept_init);
-	pthread_mutex_lock(&accept_lock);
-	c->accept_next = NULL;
-	if (accept_tail[g])
-		accept_tail[g]->accept_next = c;
-	else
-		accept_head[g] = c;
-	accept_tail[g] = c;
-	pthread_cond_broadcast(&accept_cond);
-	pthread_mutex_unlock(&accept_lock);
-}
-
-int
-shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
-{
-	struct timespec ts;
-	int rc = 0;
-
-	if (group < 0 || group >= MAX_GROUPS)
-		return -EINVAL;
-	pthread_once(&accept_once, accept_init);
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	if (timeout_ns >= 0) {
-		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
-
-		ts.tv_sec += (time_t)(ns / 1000000000ull);
-		ts.tv_nsec = (long)(ns % 1000000000ull);
-	}
-	pthread_mutex_lock(&accept_lock);
-	while (accept_head[group] == NULL && rc == 0) {
-		if (accept_cancelled[group] || atomic_load(&shim_down))
-			rc = -ESHUTDOWN;
-		else if (timeout_ns < 0)
-			pthread_cond_wait(&accept_cond, &accept_lock);
-		else if (pthread_cond_timedwait(&accept_cond, &accept_lock, &ts) == ETIMEDOUT)
-			rc = accept_head[group] ? 0 : -ETIMEDOUT;
-	}
-	if (rc == 0) {
-		struct shim_conn *c = accept_head[group];
-
-		accept_head[group] = c->accept_next;
-		if (accept_head[group] == NULL)
-			accept_tail[group] = NULL;
-		c->accepted = true;
-		*out = c;
-	}
-	pthread_mutex_unlock(&accept_lock);
-	return rc;
-}
-
-void
-shim_accept_cancel(int32_t group)
-{
-	if (group < 0 || group >= MAX_GROUPS)
-		return;
-	pthread_once(&accept_once, accept_init);
-	pthread_mutex_lock(&accept_lock);
-	accept_cancelled[group] = 1;
-	pthread_cond_broadcast(&accept_cond);
-	pthread_mutex_unlock(&accept_lock);
 }
 

@@ -186,7 +186,7 @@ shim_shutdown(void)
 			struct shim_conn *c = p->conns[k];
 
 			if (c->state == CS_OPEN)
-				for (int j = 0; j < 3; j++)
+				for (int j = 0; j < GOODBYE_COPIES; j++)
 					conn_send_ctrl(c, FT_GOODBYE, 0, NULL, 0, false);
 		}
 		port_flush(p);

@@ -81,7 +81,21 @@ default_max_frame(const struct rte_eth_dev_info *info)
 }
 
 int
-shim_port_setup(uint16_t port, const struct shim_port_conf *conf)
+shim_port_link(uint16_t port)
+{
+	struct rte_eth_link link;
+	int ret;
+
+	if (!rte_eth_dev_is_valid_port(port))
+		return -ENODEV;
+	ret = rte_eth_link_get_nowait(port, &link);
+	if (ret != 0)
+		return ret;
+	return link.link_status == RTE_ETH_LINK_UP;
+}
+
+int
+port_setup(uint16_t port, const struct shim_port_conf *conf)
 {
 	struct rte_eth_conf ec;
 	struct rte_eth_dev_info info;
@@ -179,29 +193,21 @@ shim_port_setup(uint16_t port, const struct shim_port_conf *conf)
 		guard_init();
 	p->link_up = shim_port_link(port) == 1;
 	p->ready = true;
-	ret = engine_start();
 out:
 	pthread_mutex_unlock(&setup_lock);
 	return ret;
 }
 
 int
-shim_port_restart(uint16_t port)
+port_restart(struct shim_port *p)
 {
-	struct shim_port *p = port_get(port);
-	int ret;
+	int ret = p->started ? rte_eth_dev_stop(p->id) : 0;
 
-	if (p == NULL)
-		return -ENODEV;
-	pthread_mutex_lock(&p->lock);
-	chan_port_down(p, "port restarted");
-	ret = p->started ? rte_eth_dev_stop(port) : 0;
 	if (ret == 0)
-		ret = rte_eth_dev_start(port);
+		ret = rte_eth_dev_start(p->id);
 	p->started = ret == 0;
 	p->link_up = false;
 	p->next_link_check = 0;
-	pthread_mutex_unlock(&p->lock);
 	return ret;
 }
 
@@ -218,28 +224,6 @@ shim_vdev_add(const char *name, const char *args)
 		return ret < 0 ? ret : -EINVAL;
 	ret = rte_eth_dev_get_port_by_name(name, &port);
 	return ret != 0 ? ret : port;
-}
-
-int
-shim_vdev_remove(uint16_t port)
-{
-	char name[RTE_ETH_NAME_MAX_LEN];
-	struct shim_port *p;
-	int ret;
-
-	if (port >= SHIM_MAX_PORTS || rte_eth_dev_get_name_by_port(port, name) != 0)
-		return -ENODEV;
-	p = &shim_ports[port];
-	pthread_mutex_lock(&p->lock);
-	if (p->ready) {
-		chan_port_down(p, "port removed");
-		p->ready = false;
-		if (p->started)
-			rte_eth_dev_stop(port);
-	}
-	ret = rte_eal_hotplug_remove("vdev", name);
-	pthread_mutex_unlock(&p->lock);
-	return ret;
 }
 
 int
@@ -349,20 +333,20 @@ port_flush(struct shim_port *p)
 	return off;
 }
 
-void
+bool
 port_check_link(struct shim_port *p, uint64_t now)
 {
 	struct rte_eth_link link;
-	bool up;
+	bool up, went_down;
 
 	if (now < p->next_link_check)
-		return;
+		return false;
 	p->next_link_check = now + ns_to_tsc(LINK_CHECK_NS);
 	if (rte_eth_link_get_nowait(p->id, &link) != 0)
-		return;
+		return false;
 	up = link.link_status == RTE_ETH_LINK_UP;
-	if (p->link_up && !up)
-		chan_port_down(p, "link down: the peer's port went away");
+	went_down = p->link_up && !up;
 	p->link_up = up;
+	return went_down;
 }
 

@@ -45,50 +45,6 @@ shim_port_driver(uint16_t port, char *buf, size_t cap)
 }
 
 int
-shim_port_by_name(const char *name)
-{
-	uint16_t port;
-	int ret = rte_eth_dev_get_port_by_name(name, &port);
-
-	return ret != 0 ? ret : port;
-}
-
-int
-shim_port_link(uint16_t port)
-{
-	struct rte_eth_link link;
-	int ret;
-
-	if (!rte_eth_dev_is_valid_port(port))
-		return -ENODEV;
-	ret = rte_eth_link_get_nowait(port, &link);
-	if (ret != 0)
-		return ret;
-	return link.link_status == RTE_ETH_LINK_UP;
-}
-
-int
-shim_port_mac(uint16_t port, uint8_t *mac6)
-{
-	struct shim_port *p = port_get(port);
-
-	if (p == NULL)
-		return -ENODEV;
-	memcpy(mac6, p->mac.addr_bytes, 6);
-	return 0;
-}
-
-int
-shim_port_max_chunk(uint16_t port)
-{
-	struct shim_port *p = port_get(port);
-
-	if (p == NULL)
-		return -ENODEV;
-	return (int)RTE_MIN(p->max_frame - FRAME_OVERHEAD, (uint32_t)UINT16_MAX);
-}
-
-int
 shim_port_stats(uint16_t port, struct shim_port_stats *out)
 {
 	struct shim_port *p = port_get(port);

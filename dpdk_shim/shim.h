@@ -80,14 +80,9 @@ struct shim_fault {
 int shim_port_count(void);
 int shim_port_name(uint16_t port, char *buf, size_t cap);
 int shim_port_driver(uint16_t port, char *buf, size_t cap);
-int shim_port_by_name(const char *name);
 /* Configure, start and hand the port to the poll thread; again: 0, nothing done. */
 int shim_port_setup(uint16_t port, const struct shim_port_conf *conf);
-/* Stop and start a port (memif clients do not reconnect by themselves). */
-int shim_port_restart(uint16_t port);
 int shim_port_link(uint16_t port);        /* 1 up, 0 down */
-int shim_port_mac(uint16_t port, uint8_t *mac6);
-int shim_port_max_chunk(uint16_t port);   /* payload bytes per frame */
 int shim_port_stats(uint16_t port, struct shim_port_stats *out);
 int shim_port_stats_reset(uint16_t port);
 int shim_port_fault(uint16_t port, int dir, const struct shim_fault *fault);
@@ -162,10 +157,6 @@ void shim_accept_cancel(int32_t group);
 /* One message: the iovs back to back. Returns once every byte is handed to the
  * channel (copies in flight) and no frame still points into the caller's buffers. */
 int shim_conn_send(struct shim_conn *c, const struct shim_iov *iov, int n);
-/* Wait up to timeout for the next message to start; copy its first min(cap, length)
- * bytes into head. Returns the bytes copied, *msg_len the whole length. */
-int64_t shim_conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_ns,
-			     uint64_t *msg_len);
 /* The next bytes of the current message, into these buffers. */
 int shim_conn_recv_into(struct shim_conn *c, const struct shim_iov *iov, int n);
 /* Drop the rest of the current message (after a limit or parse error). */

@@ -158,10 +158,12 @@ port_may_corrupt(const struct shim_port *p)
 
 /* port.c */
 struct shim_port *port_get(uint16_t port);   /* NULL unless set up */
+int port_setup(uint16_t port, const struct shim_port_conf *conf);  /* shim_port_setup, less the poll thread */
+int port_restart(struct shim_port *p);  /* port lock held: stop and start (a memif client does not reconnect by itself) */
 void port_queue(struct shim_port *p, struct rte_mbuf *m);
 int port_flush(struct shim_port *p);
 uint16_t port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t n);
-void port_check_link(struct shim_port *p, uint64_t now);
+bool port_check_link(struct shim_port *p, uint64_t now);  /* true: the link just went down */
 struct rte_mempool *shim_pool_for(uint32_t max_frame, uint32_t n_mbufs);
 struct rte_mempool *shim_pool_at(int i);  /* NULL past the last pool */
 
@@ -186,6 +188,10 @@ int frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f);
 int chan_port_poll(struct shim_port *p);  /* port lock held; frames handled */
 void chan_port_down(struct shim_port *p, const char *why);  /* port lock held */
 int engine_start(void);
+/* api.c: wait up to timeout for the next message to start; copy its first
+ * min(cap, length) bytes into head. Returns the bytes copied, *msg_len the whole length. */
+int64_t conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_ns,
+			uint64_t *msg_len);
 void engine_stop(void);
 void eal_capture_log(void);
 

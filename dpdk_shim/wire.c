@@ -3,8 +3,8 @@
  *
  * wire.py is the reference: header "!2sBBHHIIQI" (magic, version, type, flags,
  * n_payloads, req_id, meta_len, payload_total, crc32c), then n_payloads u64 lengths,
- * then meta; the CRC covers all three with the crc field zero. Python hands us magic,
- * version and limits (shim_wire_set), so the format has one owner. Decoding here only
+ * then meta; the CRC covers all three with the crc field zero. The constants come from
+ * shim.h, and tests/unit/test_wire_facts.py holds wire.py to them. Decoding here only
  * says "valid" or "look closer": anything odd goes back to wire.py, which raises the
  * exact error. Tests check that both sides produce the same bytes.
  */
@@ -184,7 +184,7 @@ shim_conn_recv_msg(struct shim_conn *c, const struct shim_wire *w, void *head, u
 		   int64_t timeout_ns, struct shim_msg_info *out)
 {
 	uint64_t msg_len = 0;
-	int64_t n = shim_conn_recv_begin(c, head, cap, timeout_ns, &msg_len);
+	int64_t n = conn_recv_begin(c, head, cap, timeout_ns, &msg_len);
 
 	if (n >= 0)
 		shim_wire_check(w, head, (uint64_t)n, msg_len, out);

@@ -5,6 +5,7 @@ and the tensor methods, installs the boxed fallback (csrc/op_queue.cpp, with its
 half in fallback.py) and connects.
 """
 
-from .runtime import init, is_initialized, shutdown
+from .lifecycle import init, shutdown
+from .runtime import is_initialized
 
 __all__ = ["init", "is_initialized", "shutdown"]

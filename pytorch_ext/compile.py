@@ -20,8 +20,8 @@ import torch
 import torch.fx
 
 from ..dataplane import messages as m
-from ..dataplane import torch_values as tv
 from ..dataplane.codec import Ext
+from ..torch_wire import values as tv
 from . import handles, runtime
 
 _graph_ids = itertools.count(1)

@@ -16,10 +16,11 @@ import logging
 
 import torch
 
-from ..dataplane import torch_values as tv
 from ..dataplane.codec import Ext
 from ..dataplane.wire import MsgType
+from ..torch_wire import values as tv
 from . import handles, meta, runtime, transfer
+from .session import MAX_BATCH_ITEMS
 
 log = logging.getLogger(__name__)
 _C = handles._C
@@ -77,7 +78,7 @@ def slow_path(op: torch._ops.OpOverload, args: tuple, kwargs: dict, want_plan: b
     if special is not None and not transfer.runs_on_server(op, args):
         if op is torch.ops.aten._copy_from.default and transfer.on_one_server(args[0], args[1]):
             return _copy_on_server(op, args, kwargs, want_plan)
-        return special(op, args, kwargs), (None if op in transfer.SOMETIMES_ON_SERVER else False)
+        return special(op, args, kwargs, _ON_SERVER), (None if op in transfer.SOMETIMES_ON_SERVER else False)
     return queue_op(op, args, kwargs, want_plan)
 
 
@@ -284,10 +285,12 @@ def register() -> None:
     """Install the C++ fallback for every op at the PrivateUse1 key (once per process)."""
     global _installed
     if not _installed:
-        from .session import MAX_BATCH_ITEMS
-
         _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), MAX_BATCH_ITEMS)
         _installed = True
+
+
+#: how a host transfer (transfer.SPECIAL_OPS) runs an op on the server after all
+_ON_SERVER = transfer.OnServer(run_op, run_with_reply)
 
 
 def _flush(index: int) -> None:

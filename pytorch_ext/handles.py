@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..dataplane import torch_values as tv
 from ..dataplane.codec import Ext
+from ..torch_wire import values as tv
 from . import runtime
 from ._native import load
 

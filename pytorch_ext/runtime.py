@@ -1,228 +1,31 @@
-"""Process-wide client state: `init()`, `shutdown()`, and the session of each device index.
+"""The sessions of this process, one per remote_accel device index.
 
-Settings come from the explicit arguments, then the environment (REMOTE_ACCEL_SERVER,
-REMOTE_ACCEL_TRANSPORT, REMOTE_ACCEL_TOKEN, REMOTE_ACCEL_EAL_ARGS), then defaults:
-transport "auto" (DPDK when it can reach a local server, else TCP, saying why in the log).
+The bottom of the client: the device modules (fallback, handles, transfer, compile,
+device_module) find their session here; `lifecycle.init()` fills it and `shutdown()`
+empties it.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-import shlex
 import threading
-from typing import Optional, Sequence
 
-from .. import config
-from ..errors import AuthError, ConfigError, RemoteAccelError
+from ..errors import RemoteAccelError
 from .session import Session
 
-log = logging.getLogger("remote_accel")
-
-_lock = threading.Lock()
+#: held by init() and shutdown() while they change the sessions
+lock = threading.Lock()
 _sessions: list[Session] = []
 
 
-def init(
-    transport: Optional[str] = None,
-    port: int = 0,
-    server: Optional[str] = None,
-    eal_args: Optional[Sequence[str] | str] = None,
-    token: Optional[str | Sequence[str]] = None,
-    timeout: float = config.DEFAULT_TIMEOUT_S,
-    *,
-    servers=None,
-    tokens: Optional[Sequence[str]] = None,
-    direct_copies: bool = True,
-    tls_ca: Optional[str] = None,
-    tls_cert: Optional[str] = None,
-    tls_key: Optional[str] = None,
-) -> None:
-    """Connect to the remote_accel server(s); afterwards device="remote_accel" works.
-
-    transport: "dpdk", "tcp" or "auto" (default: $REMOTE_ACCEL_TRANSPORT, else "auto").
-    port: the DPDK port id (0: the default memif port to a server on this host).
-    server: "host:port" of a TCP server (default: $REMOTE_ACCEL_SERVER, else 127.0.0.1:18515).
-    servers: several "host:port" servers, which become remote_accel:0, remote_accel:1, ...;
-      or a server pool (`remote_accel.ray.ServerPool`, anything with addresses() and
-      tokens()), whose servers are then reached over TCP with their own tokens.
-    eal_args: DPDK EAL arguments (list or one string; default: $REMOTE_ACCEL_EAL_ARGS, else
-      a memif client of the local server's default socket).
-    token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
-      local server wrote); or one token per server of `servers`.
-    tokens: one token per server of `servers` (the same as a list for `token`).
-    direct_copies: a tensor moved between two TCP servers (`t.to("remote_accel:1")`)
-      goes from one server straight to the other (the source connects to the
-      destination, under the destination's token); False: through this client.
-    timeout: seconds of silence (no reply, no heartbeat) after which the server counts as
-      dead or frozen and RemoteAccelError is raised. A sync waits as long as the work
-      takes: a working server keeps sending heartbeats (see synchronize(timeout=...) for
-      a deadline). Also the limit for connecting and for the handshake.
-    tls_ca: PEM file of the CA that signed the server's certificate (default:
-      $REMOTE_ACCEL_TLS_CA): TCP then speaks TLS, and a server without a certificate valid
-      for its address under that CA is refused. DPDK links stay plain text.
-    tls_cert, tls_key: this client's certificate and key, for a server that asks for one
-      (--tls-client-ca; default: $REMOTE_ACCEL_TLS_CERT, $REMOTE_ACCEL_TLS_KEY).
-    """
-    from . import _register
-
-    _register.register_device()
-    transport = (transport or os.environ.get(config.ENV_TRANSPORT) or "auto").lower()
-    if transport not in ("auto", "tcp", "dpdk"):
-        raise ConfigError(f"transport must be 'dpdk', 'tcp' or 'auto', not {transport!r}")
-    if isinstance(eal_args, str):
-        eal_args = shlex.split(eal_args)
-    if eal_args is None and os.environ.get(config.ENV_EAL_ARGS):
-        eal_args = shlex.split(os.environ[config.ENV_EAL_ARGS])
-    if servers is not None and callable(getattr(servers, "addresses", None)) and callable(
-            getattr(servers, "tokens", None)):
-        # a pool: its addresses and tokens (the tokens came through the pool, never a file)
-        pool = servers
-        servers, tokens = list(pool.addresses()), list(pool.tokens())
-        if transport == "auto":
-            transport = "tcp"
-    if servers is None:
-        env_server = os.environ.get(config.ENV_SERVER)
-        servers = [server or env_server] if (server or env_server) else [None]
-    elif isinstance(servers, str):
-        servers = [servers]
-    if timeout <= 0:
-        raise ConfigError("timeout must be positive")
-    if tokens is None and token is not None and not isinstance(token, str):
-        tokens = token
-    if tokens is not None:
-        tokens = list(tokens)
-        if len(tokens) != len(servers) or not all(isinstance(t, str) for t in tokens):
-            raise ConfigError(f"tokens: expected one token (a str) per server, {len(servers)} in all; "
-                              f"got {len(tokens)}")
-        token_sources = [(t, f"the tokens argument (server {i})") for i, t in enumerate(tokens)]
-    else:
-        token_sources = [(token, "the token argument") if token is not None else _default_token()] * len(servers)
-    tls = _tls_context(tls_ca, tls_cert, tls_key)
-
-    with _lock:
-        if _sessions and all(not s.alive for s in _sessions):
-            _forget_dead()  # the server died: a new init() needs no shutdown() first
-        if _sessions:
-            raise RemoteAccelError("remote_accel is already initialised; call remote_accel.shutdown() first")
-        made: list[Session] = []
-        try:
-            for address, (token, token_source) in zip(servers, token_sources):
-                link = _connect(transport, address, port, eal_args, timeout, tls)
-                try:
-                    made.append(Session(link, token=token, timeout=timeout))
-                except AuthError as exc:
-                    exc.add_note(f"the token came from {token_source}")
-                    raise
-                if direct_copies:
-                    made[-1].peer_address = _peer_address(link, address)
-                log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
-        except BaseException:
-            for s in made:
-                s.close()
-            raise
-        from . import fallback, handles
-
-        fallback.forget_plans()  # plans are made for a server's device type
-        for index, s in enumerate(made):
-            s.freed_source = functools.partial(handles.take_freed, index)
-            s.native_queue = handles.NativeQueue(index)
-            handles.set_memory_limit(index, s.welcome.memory_limit)
-        _sessions.extend(made)
-        _register.set_device_count(len(_sessions))
-    try:
-        _register.check_autograd_queues(len(_sessions))
-    except RemoteAccelError:
-        shutdown()
-        raise
+def add(made: list[Session]) -> None:
+    _sessions.extend(made)
 
 
-def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float, tls):
-    try:
-        from ..dataplane import connect as dataplane_connect
-    except ImportError:  # built without the DPDK data plane
-        dataplane_connect = None
-    if dataplane_connect is not None:
-        return dataplane_connect.connect(transport, server=address, port=port, eal_args=eal_args, timeout=timeout,
-                                         tls=tls)
-    from ..dataplane.tcp import TcpTransport
-    from ..dataplane.tls import TlsTransport
-
-    host, tcp_port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
-    if tls is not None:
-        return TlsTransport.connect(host, tcp_port, timeout=timeout, tls=tls)
-    return TcpTransport.connect(host, tcp_port, timeout=timeout)
-
-
-def _peer_address(link, address: Optional[str]) -> Optional[str]:
-    """The address other servers reach this server at, for direct copies: plain TCP
-    only (a DPDK port has no address another server could use; a TLS server wants a
-    certificate check the source server cannot make)."""
-    from ..dataplane.tcp import TcpTransport
-
-    if type(link) is not TcpTransport:
-        return None
-    host, port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
-    """The TLS settings of init()'s arguments or the environment; None: plain TCP."""
-    from ..dataplane.tls import client_context
-
-    ca = ca or os.environ.get(config.ENV_TLS_CA)
-    cert = cert or os.environ.get(config.ENV_TLS_CERT)
-    key = key or os.environ.get(config.ENV_TLS_KEY)
-    if not ca:
-        if cert or key:
-            raise ConfigError("a TLS client certificate needs tls_ca (or REMOTE_ACCEL_TLS_CA) too: "
-                              "the server must be checked as well")
-        return None
-    return client_context(ca, cert, key)
-
-
-def _default_token() -> tuple[str, str]:
-    """(token, where it came from, for error messages)."""
-    token = os.environ.get(config.ENV_TOKEN)
-    if token:
-        return token, f"${config.ENV_TOKEN}"
-    path = config.default_token_file()
-    try:
-        with open(path) as f:
-            return f.read().strip(), f"the token file {path}"
-    except OSError as exc:
-        # Not an error yet: a server may run without a token. If it wants one, the
-        # refusal says where we looked.
-        return "", (f"nowhere: no token argument, ${config.ENV_TOKEN} unset, and the token file {path} "
-                    f"unreadable ({exc.strerror or exc}); pass token=... or set ${config.ENV_TOKEN}")
-
-
-def _forget_dead() -> None:
-    """Drop sessions whose server is gone (their tensors are already stale)."""
-    from . import _register
-
-    dead = list(_sessions)
+def take_all() -> list[Session]:
+    """Forget every session and return them (for closing)."""
+    taken = list(_sessions)
     _sessions.clear()
-    for s in dead:
-        s.close()
-    _register.set_device_count(0)
-
-
-def shutdown() -> None:
-    """Flush, say goodbye to every server and forget them. Remote tensors become invalid."""
-    from . import _register
-
-    with _lock:
-        sessions = list(_sessions)
-        _sessions.clear()
-    for s in sessions:
-        try:
-            s.close()
-        except RemoteAccelError as exc:
-            log.warning("shutdown: %s", exc)
-    if sessions:
-        _register.set_device_count(0)
+    return taken
 
 
 def is_initialized() -> bool:

@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from ..errors import (AuthError, DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError,
-                      RemoteOutOfMemoryError, TransportError, TransportTimeout, WrongPeerError)
+from ..errors import (DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, TransportError, TransportTimeout,
+                      WrongPeerError)
 from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
@@ -303,8 +303,8 @@ class Session:
             decoded = m.decode(reply.type, reply.meta)
             if isinstance(decoded, m.ErrorReply):
                 if decoded.kind == "device_lost":  # the server exits: nothing more can run there
-                    raise self._fail(_remote_error(decoded))
-                raise _remote_error(decoded)  # a late error, if any, waits for the next sync
+                    raise self._fail(handshake.remote_error(decoded))
+                raise handshake.remote_error(decoded)  # a late error, if any, waits for the next sync
             if not isinstance(decoded, reply_cls):
                 raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
             if self._late_error is not None:
@@ -364,9 +364,9 @@ class Session:
             raise self._fail(exc) from exc
         if isinstance(decoded, m.ErrorReply):
             if decoded.kind == "device_lost":
-                raise self._fail(_remote_error(decoded))
+                raise self._fail(handshake.remote_error(decoded))
             if self._late_error is None:
-                self._late_error = _remote_error(decoded)
+                self._late_error = handshake.remote_error(decoded)
         log.debug("skipped the late reply to request %d", reply.req_id)
 
     def _heartbeat_loop(self) -> None:
@@ -394,11 +394,3 @@ class Session:
         if self.native_queue is not None:
             self.native_queue.close()
         self.transport.close()
-
-
-def _remote_error(reply: m.ErrorReply) -> RemoteAccelError:
-    cls = {"oom": RemoteOutOfMemoryError, "auth": AuthError}.get(reply.kind, RemoteOpError)
-    exc = cls(f"remote_accel server: {reply.message}")
-    if reply.trace:
-        exc.add_note("server traceback:\n" + reply.trace)
-    return exc

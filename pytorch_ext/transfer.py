@@ -3,6 +3,9 @@
 Uploads (`.to("remote_accel")`, copy_ from CPU) are queued like any op and never wait.
 Downloads (`.cpu()`, `.item()`) are sync points: one round trip, straight into the
 destination's memory when its layout allows.
+
+The fallback (above this module) dispatches the SPECIAL_OPS here; a transfer that turns
+out to be an op of one server hands it back through the `OnServer` it was given.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import secrets
 import sys
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -46,6 +50,13 @@ def _prefault(t: torch.Tensor, nbytes: int) -> None:
     lo, hi = -(-start // 4096) * 4096, end // 4096 * 4096
     if hi > lo:
         _madvise(lo, hi - lo, _MADV_POPULATE_WRITE)
+
+
+class OnServer(NamedTuple):
+    """The fallback's ways to run an op on a server: queued, or waiting for its reply."""
+
+    run_op: Callable
+    run_with_reply: Callable
 
 
 def _is_remote(t: torch.Tensor) -> bool:
@@ -105,12 +116,10 @@ def download(src: torch.Tensor, dst: torch.Tensor) -> None:
         dst.copy_(target)
 
 
-def copy_between(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+def copy_between(src: torch.Tensor, dst: torch.Tensor, server: OnServer, non_blocking: bool = False) -> torch.Tensor:
     if _is_remote(dst) and _is_remote(src):
         if src.device == dst.device:
-            from .fallback import run_op
-
-            run_op(torch.ops.aten.copy_.default, (dst, src, non_blocking), {})
+            server.run_op(torch.ops.aten.copy_.default, (dst, src, non_blocking), {})
         elif not copy_direct(src, dst):  # two servers that cannot reach each other: through this host
             staging = torch.empty(src.shape, dtype=src.dtype)
             download(src, staging)
@@ -152,39 +161,37 @@ def copy_direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     return True
 
 
-def _copy_from(op, args, kwargs):
+def _copy_from(op, args, kwargs, server: OnServer):
     src, dst = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    return copy_between(src, dst, non_blocking)
+    return copy_between(src, dst, server, non_blocking)
 
 
-def _copy_from_and_resize(op, args, kwargs):
+def _copy_from_and_resize(op, args, kwargs, server: OnServer):
     src, dst = args[0], args[1]
     if tuple(dst.shape) != tuple(src.shape):
         dst.resize_(src.shape)
-    return copy_between(src, dst)
+    return copy_between(src, dst, server)
 
 
-def _copy_(op, args, kwargs):
+def _copy_(op, args, kwargs, server: OnServer):
     dst, src = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    return copy_between(src, dst, non_blocking)
+    return copy_between(src, dst, server, non_blocking)
 
 
-def _local_scalar_dense(op, args, kwargs):
+def _local_scalar_dense(op, args, kwargs, server: OnServer):
     """`.item()`: read the element's bytes (one READ, answered by the server at once),
     rather than running the op there and waiting for its result's metadata."""
     (t,) = args
     if t.numel() != 1:  # torch's own error, raised by the server
-        from .fallback import run_with_reply
-
-        return run_with_reply(op, (t,), {}, handles.device_index(t))
+        return server.run_with_reply(op, (t,), {}, handles.device_index(t))
     host = torch.empty(t.shape, dtype=t.dtype)
     download(t, host)
     return host.item()
 
 
-def _resize_(op, args, kwargs):
+def _resize_(op, args, kwargs, server: OnServer):
     """Resize in place; growing moves the data into a larger storage on the server."""
     t, size = args[0], tuple(args[1])
     memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")

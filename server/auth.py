@@ -12,7 +12,7 @@ import os
 import secrets
 import stat
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .._version import WIRE_VERSION
 from .._version import __version__ as SERVER_VERSION
@@ -21,9 +21,7 @@ from ..dataplane import messages as m
 from ..dataplane.wire import type_name
 from ..errors import ConfigError, ProtocolError, TransportError, TransportTimeout
 from . import failure
-
-if TYPE_CHECKING:
-    from .session import Session
+from .host import Guest
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ def _read(path: str) -> str:
     return token
 
 
-def handshake(session: "Session") -> bool:
+def handshake(session: Guest) -> bool:
     """Run the server's half on a new connection: True once the client proved it holds
     the token, got our proof and a WELCOME, and is counted by the server; False after
     telling it why not (or when it left), with the reason logged."""
@@ -103,7 +101,7 @@ def handshake(session: "Session") -> bool:
     return True
 
 
-def _receive(session: "Session", cls, deadline: float) -> Optional[tuple]:
+def _receive(session: Guest, cls, deadline: float) -> Optional[tuple]:
     """The next message if it is a `cls`, with its req_id; None (the client told, the
     reason logged) otherwise."""
     transport, what = session.transport, type_name(cls.TYPE)
@@ -125,11 +123,11 @@ def _receive(session: "Session", cls, deadline: float) -> Optional[tuple]:
     return request, msg.req_id
 
 
-def _send(session: "Session", reply, req_id: int) -> None:
+def _send(session: Guest, reply, req_id: int) -> None:
     session.transport.send(reply.TYPE, m.encode(reply), req_id=req_id)
 
 
-def _refuse(session: "Session", req_id: int, kind: str, text: str) -> bool:
+def _refuse(session: Guest, req_id: int, kind: str, text: str) -> bool:
     try:
         _send(session, m.ErrorReply(kind, text, ""), req_id)
     except TransportError:

@@ -21,10 +21,10 @@ from typing import Any, Optional
 
 import torch
 
-from ..dataplane import torch_values
 from ..dataplane.codec import Ext
 from ..dataplane.messages import RunGraph, RunOp, RunPlanned
 from ..errors import ProtocolError
+from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
 from .failure import BAD_HANDLE, OP, Failure

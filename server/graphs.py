@@ -37,8 +37,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from ..dataplane import codec, torch_values
+from ..dataplane import codec
 from ..errors import ProtocolError
+from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
 from .rng import Generators

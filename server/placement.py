@@ -7,8 +7,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ..dataplane import messages as m
-from ..dataplane import torch_values
 from ..dataplane.codec import Ext
+from ..torch_wire import values as torch_values
 
 
 class WriteTarget(NamedTuple):

@@ -1,6 +1,6 @@
 """A session's random number generators, so that clients never share a random stream.
 
-Generators travel as (gen_id, seed, epoch) (torch_values.GENERATOR). The server keeps one
+Generators travel as (gen_id, seed, epoch) (torch_wire.values.GENERATOR). The server keeps one
 torch.Generator per id on the device and reseeds it whenever the (seed, epoch) pair it
 was last seeded with changes: the client bumps the epoch on every manual_seed, even
 with the same seed. Id 0 is the session's default generator, used for ops that name

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -33,12 +33,10 @@ from .counters import SessionCounters
 from .executor import Executor
 from .failure import Failure
 from .heartbeat import Heartbeat
+from .host import Host
 from .placement import Desync, WriteTarget, batch_writes
 from .rng import Generators
 from .storage import StorageTable, host_bytes
-
-if TYPE_CHECKING:
-    from .service import Server
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ class NativeBatch(NamedTuple):
 
 
 class Session:
-    def __init__(self, server: "Server", transport: Transport, number: int):
+    def __init__(self, server: Host, transport: Transport, number: int):
         self.server = server
         self.transport = transport
         self.number = number

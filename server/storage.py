@@ -15,8 +15,8 @@ from typing import Any, Iterable, NamedTuple, Optional
 
 import torch
 
-from ..dataplane import torch_values
 from ..errors import ProtocolError
+from ..torch_wire import values as torch_values
 from . import native
 from .device import ComputeDevice
 from .failure import bad_handle, oom

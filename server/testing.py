@@ -29,13 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..dataplane import handshake
 from ..dataplane import messages as m
-from ..dataplane import torch_values
 from ..dataplane.codec import Ext
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.tls import TlsTransport
 from ..dataplane.transport import Transport
 from ..dataplane.wire import MsgType
-from ..errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError
+from ..torch_wire import values as torch_values
 from .storage import span_bytes
 
 _LISTENING = re.compile(r"listening on (\S+)")
@@ -219,15 +218,6 @@ def encode_arg(v: Any) -> Any:
     return torch_values.encode_value(v, torch_values.inline_cpu_tensor)
 
 
-def error_from(reply: m.ErrorReply) -> Exception:
-    cls = {"oom": RemoteOutOfMemoryError, "auth": AuthError, "protocol": ProtocolError}.get(reply.kind, RemoteOpError)
-    exc = cls(f"[{reply.kind}] {reply.message}")
-    exc.kind = reply.kind
-    if reply.trace:
-        exc.add_note("server traceback:\n" + reply.trace)
-    return exc
-
-
 class Client:
     def __init__(self, transport: Transport, token: Optional[str] = None, *, timeout: float = 30.0):
         self.transport = transport
@@ -267,7 +257,7 @@ class Client:
         self.send(msg, payloads)
         reply, data = self.recv(timeout)
         if type(reply) is m.ErrorReply:
-            raise error_from(reply)
+            raise handshake.remote_error(reply)
         return reply, data
 
     # -- storage --------------------------------------------------------------------------------

@@ -10,36 +10,18 @@ through `frames` (their own header first).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from ..dataplane import wire
 from ..errors import ProtocolError
+from .frames import FRAME_UDP_PORT, FrameTracker
+from .records import Record, endpoint
 from .wire_layers import RAPrologue
 
 #: A TCP direction holding this many out-of-order bytes has lost segments for good
 #: (tcpdump dropped them): give up on the hole and resynchronise after it.
 MAX_HELD_BYTES = 16 << 20
 _SEQ_MOD = 1 << 32
-
-
-@dataclass
-class Record:
-    """One message (or one problem) seen in the capture."""
-
-    time: float
-    src: str
-    dst: str
-    proto: str  # "tcp", "udp", or the frame layer's name
-    prologue: Optional[RAPrologue] = None
-    crc_ok: bool = True
-    frame: dict = field(default_factory=dict)  # frame header fields of DPDK frames
-    note: str = ""  # what went wrong, for records that are not a message
-    info: str = ""  # what this is, for records that are neither (a DPDK session frame)
-
-    @property
-    def is_message(self) -> bool:
-        return self.prologue is not None
 
 
 def _seq_diff(a: int, b: int) -> int:
@@ -229,10 +211,6 @@ class TcpDirection:
         return out
 
 
-def endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def tcp_data(ip, tcp) -> tuple[bytes, int]:
     """(the segment's data as captured, how many bytes of it the capture cut off).
     The IP length tells both: Ethernet pads short frames, snap lengths cut long ones."""
@@ -250,8 +228,6 @@ class CaptureReader:
 
     def __init__(self, path: str, tcp_ports: frozenset = frozenset(), frame_port: Optional[int] = None,
                  all_frames: bool = False):
-        from .frames import FRAME_UDP_PORT, FrameTracker
-
         self.path = path
         self.tcp_ports = tcp_ports  # only these TCP ports when not empty
         self.frames = FrameTracker(frame_port or FRAME_UDP_PORT, all_frames)

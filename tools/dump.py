@@ -15,7 +15,8 @@ from scapy.error import Scapy_Exception
 
 from ..dataplane import messages, wire
 from ..errors import ProtocolError
-from .capture import CaptureReader, Record
+from .capture import CaptureReader
+from .records import Record
 from .wire_layers import FRAME_UDP_PORT
 
 BAD_CRC = "!! BAD CHECKSUM"

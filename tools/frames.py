@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..dataplane import wire
 from ..errors import ProtocolError
-from .capture import Record, endpoint
+from .records import Record, endpoint
 from .wire_layers import FRAME_DATA, FRAME_TYPES, FRAME_UDP_PORT, RAFrame, RAHello, RAPrologue
 
 #: prologues still waiting for their next chunks; older ones are forgotten past this

@@ -16,12 +16,10 @@ from typing import Optional
 
 from ..errors import DpdkError
 from .pmd_stats import Counters, PortInfo
-from .wire_layers import FRAME_DATA, FRAME_HEADER_SIZE
+from .wire_layers import FRAME_DATA, FRAME_OVERHEAD
 
 log = logging.getLogger(__name__)
 
-#: Ethernet + IPv4 + UDP + our frame header: a frame's bytes that are not payload
-FRAME_OVERHEAD = 14 + 20 + 8 + FRAME_HEADER_SIZE
 #: rx_raw receives one burst, up to 2 x 32 + 8 frames, and drops what does not fit
 RX_SLOTS = 80
 MIN_RX_STRIDE = 2048

@@ -28,6 +28,7 @@ from .. import config
 from ..errors import ConfigError, RemoteAccelError
 from ..dataplane.eal_args import split_eal
 from .pmd_stats import PortInfo, Sample, format_final, format_sample, port_json, rates
+from .wire_layers import FRAME_HEADER_SIZE, FRAME_OVERHEAD
 
 log = logging.getLogger("ra-testpmd")
 
@@ -99,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", metavar="PATH", default=None,
                    help=f"--peer server: the shared token (default: ${config.ENV_TOKEN}, else "
                         f"{config.default_token_file()})")
-    p.add_argument("--txpkts", type=_ranged(int, 99, 16384), default=128, metavar="BYTES",
-                   help="txonly/io: frame length with Ethernet, IPv4, UDP and our 56-byte header "
-                        "(98 bytes) included, 99..16384, at most the port's largest frame (default: 128)")
+    p.add_argument("--txpkts", type=_ranged(int, FRAME_OVERHEAD + 1, 16384), default=128, metavar="BYTES",
+                   help=f"txonly/io: frame length with Ethernet, IPv4, UDP and our {FRAME_HEADER_SIZE}-byte header "
+                        f"({FRAME_OVERHEAD} bytes) included, {FRAME_OVERHEAD + 1}..16384, at most the port's largest "
+                        "frame (default: 128)")
     p.add_argument("--burst", type=_ranged(int, 1, 1024), default=None, metavar="N",
                    help="txonly/io: frames per call into the shim; echo/tensor: requests in flight; 1..1024 "
                         "(default: 32 for txonly/io, 1 for echo/tensor)")

@@ -106,6 +106,8 @@ FRAME_VERSION = 1
 FRAME_TYPES = {1: "DATA", 2: "ACK", 3: "HELLO", 4: "ACCEPT", 5: "KEEPALIVE", 6: "GOODBYE", 7: "RESET"}
 FRAME_DATA, FRAME_HELLO, FRAME_ACCEPT = 1, 3, 4
 FRAME_HEADER_SIZE = 56
+#: Ethernet + IPv4 + UDP + our frame header: a frame's bytes that are not payload
+FRAME_OVERHEAD = 14 + 20 + 8 + FRAME_HEADER_SIZE
 _FRAME_CRC_OFFSET = 36
 _FRAME_LEN_OFFSET = 6
 FRAME_NO_DATA_CRC = 0x2  # flags: DATA whose chunk the CRC leaves out (memif, ring)

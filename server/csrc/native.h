@@ -121,7 +121,7 @@ struct Layout {
   c10::ScalarType dtype;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
-  int flags = 0;  // torch_values.FLAG_CONJ | FLAG_NEG
+  int flags = 0;  // torch_wire/values.py FLAG_CONJ | FLAG_NEG
   int64_t span = 0;  // bytes of storage it reaches
 };
 

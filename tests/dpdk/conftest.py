@@ -2,7 +2,7 @@
 
 The pytest process starts one EAL (role "local": no vdev; ports are made at run time
 with ring pairs and hot-added vdevs). Scenarios that need a fresh EAL, or a peer in
-another process, run `python -m remote_accel.dataplane.echo` or tests/dpdk/peer.py.
+another process, run `python -m remote_accel.dataplane.echo`.
 Skipped only where DPDK is not installed at all; if libdpdk is there, a missing
 transport is a failure.
 """

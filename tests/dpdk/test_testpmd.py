@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from remote_accel.tools.wire_layers import FRAME_OVERHEAD
+
 PROG = [sys.executable, "-m", "remote_accel.tools.testpmd"]
 
 
@@ -34,7 +36,7 @@ def test_txonly_on_net_null():
     assert doc["unit"] == "frames" and port["driver"] == "net_null" and port["name"] == "net_null0"
     assert port["tx_packets"] > 10_000 and port["rx_packets"] == 0
     assert port["tx_bytes"] == 256 * port["tx_packets"]
-    assert port["tx_payload"] == (256 - 98) * port["tx_packets"]
+    assert port["tx_payload"] == (256 - FRAME_OVERHEAD) * port["tx_packets"]
     assert port["tx_dropped"] == 0  # net_null takes everything
     assert port["tx_pps"] > 0 and port["tx_gbit_s"] > 0
     assert doc["latency_us"] is None and len(doc["samples"]) >= 1

@@ -17,7 +17,7 @@ import torch
 import remote_accel
 from remote_accel.dataplane import codec
 from remote_accel.dataplane import messages as m
-from remote_accel.dataplane import torch_values
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.pytorch_ext import fallback, runtime
 from remote_accel.server.testing import ServerProcess
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.dataplane.tls import client_context
 from remote_accel.errors import AuthError, ConfigError, PeerGone, RemoteAccelError
-from remote_accel.pytorch_ext import runtime
+from remote_accel.pytorch_ext import lifecycle, runtime
 from remote_accel.server.testing import Client, ServerProcess
 
 def openssl(*args, cwd):
@@ -87,11 +87,11 @@ def test_a_model_trains_over_tls(tls_server, pki):
 
 def test_the_ca_comes_from_the_environment_too(pki, monkeypatch):
     monkeypatch.setenv("REMOTE_ACCEL_TLS_CA", pki["ca"])
-    assert runtime._tls_context(None, None, None) is not None
+    assert lifecycle._tls_context(None, None, None) is not None
     monkeypatch.delenv("REMOTE_ACCEL_TLS_CA")
-    assert runtime._tls_context(None, None, None) is None
+    assert lifecycle._tls_context(None, None, None) is None
     with pytest.raises(ConfigError, match="no such file"):
-        runtime._tls_context("/nonexistent/ca.pem", None, None)
+        lifecycle._tls_context("/nonexistent/ca.pem", None, None)
 
 
 def test_a_client_with_another_ca_refuses_the_server(tls_server, pki):

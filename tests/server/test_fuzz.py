@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from remote_accel._version import WIRE_VERSION
-from remote_accel.dataplane import codec, torch_values, wire
+from remote_accel.dataplane import codec, wire
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.codec import Ext
 from remote_accel.dataplane.handshake import client_handshake

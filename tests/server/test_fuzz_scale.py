@@ -19,7 +19,8 @@ import torch
 
 from remote_accel._version import WIRE_VERSION
 from remote_accel.dataplane import messages as m
-from remote_accel.dataplane import torch_values, wire
+from remote_accel.dataplane import wire
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane.codec import Ext
 from remote_accel.server.testing import Client, ServerProcess
 

@@ -8,7 +8,7 @@ import struct
 import torch
 
 from remote_accel.dataplane import messages as m
-from remote_accel.dataplane import torch_values
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane.codec import Ext
 from remote_accel.server.testing import Ref, encode_arg
 

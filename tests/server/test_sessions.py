@@ -15,7 +15,7 @@ import torch
 from remote_accel.dataplane import codec
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.codec import Ext
-from remote_accel.dataplane import torch_values
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.errors import AuthError, ProtocolError, RemoteOpError, RemoteOutOfMemoryError, TransportError
 from remote_accel.server.testing import Client, ServerProcess, encode_arg
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote_accel.dataplane import torch_values
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane.messages import AllocStorage, RunOp, WriteStorage
 from remote_accel.errors import RemoteOpError
 from remote_accel.server.testing import encode_arg

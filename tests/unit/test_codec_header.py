@@ -9,7 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remote_accel.dataplane import codec, torch_values
+from remote_accel.dataplane import codec
+from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.wire import MsgType
 from remote_accel.errors import ProtocolError

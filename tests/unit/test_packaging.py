@@ -14,7 +14,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 INSTALLED = Path(remote_accel.__file__).resolve().parent
 #: source folder -> where its modules install inside the package
 FOLDERS = {"package": ".", "dataplane": "dataplane", "server": "server", "pytorch_ext": "pytorch_ext",
-           "tools": "tools"}
+           "tools": "tools", "torch_wire": "torch_wire"}
 
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS))

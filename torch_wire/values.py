@@ -1,4 +1,4 @@
-"""How torch values travel in message fields (the one dataplane module that imports torch).
+"""How torch values travel in message fields.
 
 Op arguments are Python values, torch enums and tensors. They become `codec` values:
 plain scalars and containers as themselves, torch types as `Ext` with the codes below.
@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..dataplane import codec
+from ..dataplane.codec import Ext, Raw
 from ..errors import ProtocolError
-from . import codec
-from .codec import Ext, Raw
 
 TENSOR = 1  # (sid, dtype, shape, stride, storage_offset, flags)
 DTYPE = 2  # name

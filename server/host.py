@@ -1,0 +1,53 @@
+"""What a session and its server know of each other, written down as two small interfaces.
+
+A session (session.py) is run by a `Host` (service.Server is the one): it reads the
+host's settings and reports its own life (admitted, removed, device lost); it never
+reaches into the host's tables. The handshake (auth.py) sees the session as a `Guest`.
+Both sides import this module, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..dataplane.transport import Transport
+from .device import ComputeDevice
+from .graphs import GraphCompiler
+
+
+class Host(Protocol):
+    # settings, fixed when the server starts
+    device: ComputeDevice
+    token: str
+    memory_limit: int  # as configured (0: the device's own), told to clients
+    session_limit: int  # the bytes one session may hold
+    max_clients: int
+    heartbeat_timeout: float
+    graphs: GraphCompiler  # compiled graphs, shared by every session
+    stopping: bool
+
+    def admit(self, session: Guest) -> bool:
+        """Count an authenticated session; False when max_clients are already served."""
+
+    def remove(self, session: Guest) -> None:
+        """The session ended (its thread is about to return)."""
+
+    def stats(self) -> dict:
+        """Server-wide figures, added to each session's STATS reply."""
+
+    def device_lost(self, exc: BaseException) -> str:
+        """Record that the device is unusable; returns what clients are told."""
+
+    def exit_if_device_lost(self) -> None:
+        """End the process at once once the device is lost."""
+
+
+class Guest(Protocol):
+    """A session during its handshake."""
+
+    server: Host
+    transport: Transport
+    number: int
+    device: ComputeDevice
+    client: str  # what the client's HELLO calls it
+    admitted: bool
