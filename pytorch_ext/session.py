@@ -41,6 +41,10 @@ MAX_BATCH_PAYLOAD = 1 << 20
 #: Uploads at least this large travel as their own WRITE message (no batching copy).
 LARGE_WRITE = 256 << 10
 HEARTBEAT_S = 2.0
+#: A batch that is not full leaves at the latest this long after the last send (the timer
+#: flush), so that the server starts on it while the client keeps tracing: tracing, the
+#: wire and the server's execution overlap instead of taking turns at the next sync.
+FLUSH_AFTER_S = 0.002
 #: A sync's wait is cut into slices this long, so that Ctrl-C is seen between them (a
 #: DPDK receive waits in C, where Python's signal handlers cannot run).
 WAIT_SLICE_S = 0.1
@@ -69,6 +73,8 @@ class Session:
         #: the device's C++ queue (handles.NativeQueue): requests queued there leave before
         #: anything queued here after them
         self.native_queue = None
+        #: the timer flush's delay (FLUSH_AFTER_S); None stops it (tests that look at the queue)
+        self.flush_after: Optional[float] = FLUSH_AFTER_S
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         try:
             reply = self._handshake(token, client)
@@ -80,6 +86,8 @@ class Session:
         self.device_type = reply.device.partition(":")[0]  # the server's torch device type
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
         self._heartbeat.start()
+        self._flusher = threading.Thread(target=self._flush_loop, name="remote_accel-flush", daemon=True)
+        self._flusher.start()
 
     # -- one-way requests ------------------------------------------------------------------
     def alloc(self, sid: int, nbytes: int) -> None:
@@ -339,6 +347,22 @@ class Session:
                 self._last_send = time.monotonic()
             except (TransportError, PeerGone):
                 return
+
+    def _flush_loop(self) -> None:
+        """The timer flush: send what has waited `flush_after`. It never waits for the lock:
+        a thread that holds it (queueing, flushing, waiting at a sync) sends soon anyway."""
+        while not self._stop.wait(self.flush_after or HEARTBEAT_S / 2):
+            if self._dead is not None:
+                return
+            after = self.flush_after
+            if not after or time.monotonic() - self._last_send < after or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                self.flush()
+            except RemoteAccelError:
+                return  # the session is dead: its next call says so
+            finally:
+                self._lock.release()
 
     def close(self) -> None:
         self._stop.set()
