@@ -15,6 +15,7 @@ by its request id, and the session goes on.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -29,6 +30,7 @@ from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.codec import encode
+from ..dataplane.tcp import TcpTransport
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType
 from . import interrupts
@@ -88,6 +90,17 @@ class Session:
         self._heartbeat.start()
         self._flusher = threading.Thread(target=self._flush_loop, name="remote_accel-flush", daemon=True)
         self._flusher.start()
+        # Over TCP, Batches leave from a sender thread: a send on loopback also runs the
+        # receiver's network stack, which cost the tracing thread about a third of its time
+        # (py-spy); the socket call releases the GIL, so tracing goes on meanwhile. Every
+        # other message waits until the batches before it are gone (_drain_outbox).
+        self._outbox: collections.deque = collections.deque()
+        self._outbox_cv = threading.Condition(threading.Lock())
+        self._sending = False
+        self._sender = None
+        if isinstance(transport, TcpTransport):
+            self._sender = threading.Thread(target=self._send_loop, name="remote_accel-send", daemon=True)
+            self._sender.start()
 
     # -- one-way requests ------------------------------------------------------------------
     def alloc(self, sid: int, nbytes: int) -> None:
@@ -158,7 +171,8 @@ class Session:
             payloads = self._payloads
             self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
             self.counters["batches"] += 1
-            self._send_encoded(m.Batch.TYPE, meta, payloads)
+            if self._sender is None or not self._post(meta, payloads):
+                self._send_encoded(m.Batch.TYPE, meta, payloads)
 
     # -- sync points ---------------------------------------------------------------------------
     def sync(self, timeout: Optional[float] = None) -> int:
@@ -238,7 +252,42 @@ class Session:
     def _send(self, msg, payloads, req_id: int = 0) -> None:
         self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
 
-    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
+    def _post(self, meta: bytes, payloads) -> bool:
+        """Hand a Batch to the sender thread; False once it stops (the caller sends it)."""
+        with self._outbox_cv:
+            if self._stop.is_set():
+                return False
+            self._outbox.append((meta, payloads))
+            self._outbox_cv.notify()
+        return True
+
+    def _drain_outbox(self) -> None:
+        """Wait until every posted Batch is sent (or failed: the session is then dead)."""
+        with self._outbox_cv:
+            while self._outbox or self._sending:
+                self._outbox_cv.wait()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._outbox_cv:
+                while not self._outbox and not self._stop.is_set():
+                    self._outbox_cv.wait(HEARTBEAT_S / 2)
+                if not self._outbox:
+                    return  # stopped, and nothing left: _post sends in the caller's thread now
+                meta, payloads = self._outbox.popleft()
+                self._sending = True
+            try:
+                self._send_encoded(m.Batch.TYPE, meta, payloads, drain=False)
+            except RemoteAccelError:
+                pass  # the session is dead now: its next call raises
+            finally:
+                with self._outbox_cv:
+                    self._sending = False
+                    self._outbox_cv.notify_all()
+
+    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0, drain: bool = True) -> None:
+        if drain and self._sender is not None:
+            self._drain_outbox()  # in order: the batches posted before this message first
         self._check_alive()
         try:
             with interrupts.deferred():  # half a message would put the stream out of step for good
