@@ -15,6 +15,7 @@ by its request id, and the session goes on.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -29,6 +30,7 @@ from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.codec import encode
+from ..dataplane.tcp import TcpTransport
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType
 from . import interrupts
@@ -41,6 +43,10 @@ MAX_BATCH_PAYLOAD = 1 << 20
 #: Uploads at least this large travel as their own WRITE message (no batching copy).
 LARGE_WRITE = 256 << 10
 HEARTBEAT_S = 2.0
+#: A batch that is not full leaves at the latest this long after the last send (the timer
+#: flush), so that the server starts on it while the client keeps tracing: tracing, the
+#: wire and the server's execution overlap instead of taking turns at the next sync.
+FLUSH_AFTER_S = 0.002
 #: A sync's wait is cut into slices this long, so that Ctrl-C is seen between them (a
 #: DPDK receive waits in C, where Python's signal handlers cannot run).
 WAIT_SLICE_S = 0.1
@@ -77,6 +83,8 @@ class Session:
         #: the device's C++ queue (handles.NativeQueue): requests queued there leave before
         #: anything queued here after them
         self.native_queue = None
+        #: the timer flush's delay (FLUSH_AFTER_S); None stops it (tests that look at the queue)
+        self.flush_after: Optional[float] = FLUSH_AFTER_S
         client = name or f"{socket.gethostname()} pid {os.getpid()}"
         try:
             reply = self._handshake(token, client)
@@ -88,6 +96,19 @@ class Session:
         self.device_type = reply.device.partition(":")[0]  # the server's torch device type
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
         self._heartbeat.start()
+        self._flusher = threading.Thread(target=self._flush_loop, name="remote_accel-flush", daemon=True)
+        self._flusher.start()
+        # Over TCP, Batches leave from a sender thread: a send on loopback also runs the
+        # receiver's network stack, which cost the tracing thread about a third of its time
+        # (py-spy); the socket call releases the GIL, so tracing goes on meanwhile. Every
+        # other message waits until the batches before it are gone (_drain_outbox).
+        self._outbox: collections.deque = collections.deque()
+        self._outbox_cv = threading.Condition(threading.Lock())
+        self._sending = False
+        self._sender = None
+        if isinstance(transport, TcpTransport):
+            self._sender = threading.Thread(target=self._send_loop, name="remote_accel-send", daemon=True)
+            self._sender.start()
 
     # -- one-way requests ------------------------------------------------------------------
     def alloc(self, sid: int, nbytes: int) -> None:
@@ -150,9 +171,12 @@ class Session:
             messages = [then] if then is not None else []
             if self._batch_items:
                 meta = m.encoded_batch(self._batch_items, self._batch)
-                messages.insert(0, (m.Batch.TYPE, meta, self._payloads, 0))
+                payloads = self._payloads
                 self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
                 self.counters["batches"] += 1
+                if then is None and self._sender is not None and self._post(meta, payloads):
+                    return  # the sender thread sends it while tracing goes on
+                messages.insert(0, (m.Batch.TYPE, meta, payloads, 0))
             if messages:
                 self._send_many(messages)
 
@@ -262,12 +286,48 @@ class Session:
     def _send(self, msg, payloads, req_id: int = 0) -> None:
         self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
 
-    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0) -> None:
-        self._send_many([(msg_type, meta, payloads, req_id)])
+    def _post(self, meta: bytes, payloads) -> bool:
+        """Hand a Batch to the sender thread; False once it stops (the caller sends it)."""
+        with self._outbox_cv:
+            if self._stop.is_set():
+                return False
+            self._settled = None  # a sync must now ask the server
+            self._outbox.append((meta, payloads))
+            self._outbox_cv.notify()
+        return True
 
-    def _send_many(self, messages: list) -> None:
+    def _drain_outbox(self) -> None:
+        """Wait until every posted Batch is sent (or failed: the session is then dead)."""
+        with self._outbox_cv:
+            while self._outbox or self._sending:
+                self._outbox_cv.wait()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._outbox_cv:
+                while not self._outbox and not self._stop.is_set():
+                    self._outbox_cv.wait(HEARTBEAT_S / 2)
+                if not self._outbox:
+                    return  # stopped, and nothing left: _post sends in the caller's thread now
+                meta, payloads = self._outbox.popleft()
+                self._sending = True
+            try:
+                self._send_encoded(m.Batch.TYPE, meta, payloads, drain=False)
+            except RemoteAccelError:
+                pass  # the session is dead now: its next call raises
+            finally:
+                with self._outbox_cv:
+                    self._sending = False
+                    self._outbox_cv.notify_all()
+
+    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0, drain: bool = True) -> None:
+        self._send_many([(msg_type, meta, payloads, req_id)], drain)
+
+    def _send_many(self, messages: list, drain: bool = True) -> None:
         """Send (type, meta, payloads, req_id) messages in order, in one transport call
         where the transport has send_many."""
+        if drain and self._sender is not None:
+            self._drain_outbox()  # in order: the batches posted before these messages first
         self._check_alive()
         self._settled = None
         send_many = getattr(self.transport, "send_many", None)
@@ -381,6 +441,22 @@ class Session:
                 self._last_send = time.monotonic()
             except (TransportError, PeerGone):
                 return
+
+    def _flush_loop(self) -> None:
+        """The timer flush: send what has waited `flush_after`. It never waits for the lock:
+        a thread that holds it (queueing, flushing, waiting at a sync) sends soon anyway."""
+        while not self._stop.wait(self.flush_after or HEARTBEAT_S / 2):
+            if self._dead is not None:
+                return
+            after = self.flush_after
+            if not after or time.monotonic() - self._last_send < after or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                self.flush()
+            except RemoteAccelError:
+                return  # the session is dead: its next call says so
+            finally:
+                self._lock.release()
 
     def close(self) -> None:
         self._stop.set()

@@ -4,7 +4,8 @@
 # ninja but no package index: the other Python dependencies come as wheels in ./.whl
 # (see the README's "GPU check" note). DPDK is not needed: clients use TCP.
 # Usage: scripts/gpu-check.sh [OUTDIR [TEST...]]   (logs and the OpInfo JSON land in OUTDIR;
-# naming tests runs only those, without the OpInfo sweep)
+# naming tests runs only those, without the OpInfo sweep and the benchmark)
+# At the end, benchmarks/bench_gpu.py compares local CUDA with a CUDA server (TCP only: no DPDK here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/ra-gpu-check}
@@ -38,3 +39,4 @@ print("OpInfo on cuda: %d/%d compared entries match CPU (%.1f%%)" % (r["passed"]
 for name, why in r["failures"].items():
     print("  FAIL", name, "-", why[:200])
 PY
+timeout 900 python3 benchmarks/bench_gpu.py --transport tcp 2>&1 | tee "$out/bench_gpu.log" | tail -20

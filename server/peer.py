@@ -27,7 +27,7 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .. import config
 from ..dataplane import handshake
@@ -38,9 +38,7 @@ from ..errors import ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
 from .storage import host_bytes
 
-if TYPE_CHECKING:
-    from .session import Session
-
+# each function takes the server.session.Session it serves (not imported: session imports this)
 log = logging.getLogger(__name__)
 
 #: How long one half of a copy waits for the other (and a source for the destination's
@@ -60,7 +58,7 @@ class _Slot:
     def __init__(self, buffer, nbytes: int):
         self.buffer = buffer
         self.nbytes = nbytes
-        self.claimed: Optional["Session"] = None  # the peer's session, once its PeerWrite came
+        self.claimed: Optional[object] = None  # the peer's session, once its PeerWrite came
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
 
@@ -92,7 +90,7 @@ class PeerCopies:
         with self._cond:
             self._slots.pop(ticket, None)
 
-    def claim(self, ticket: bytes, nbytes: int, session: "Session") -> _Slot:
+    def claim(self, ticket: bytes, nbytes: int, session) -> _Slot:
         """The slot a PeerWrite fills, once its PeerReceive has come; ProtocolError when
         none comes in time, the sizes differ, or the ticket was used already."""
         deadline = time.monotonic() + PEER_TIMEOUT_S
@@ -117,7 +115,7 @@ def _valid_ticket(ticket) -> bool:
 
 
 # -- the destination --------------------------------------------------------------------------------
-def on_receive(session: "Session", request: m.PeerReceive) -> None:
+def on_receive(session, request: m.PeerReceive) -> None:
     """PeerReceive, in the client's session thread: wait until the peer wrote the bytes."""
     if not _valid_ticket(request.ticket):
         raise ProtocolError(f"PeerReceive needs a ticket of {m.PEER_TICKET_BYTES} bytes")
@@ -146,7 +144,7 @@ def on_receive(session: "Session", request: m.PeerReceive) -> None:
         view.copy_(staging, non_blocking=True)
 
 
-def place_write(session: "Session", request: m.PeerWrite, lengths: list) -> tuple[list, _Slot]:
+def place_write(session, request: m.PeerWrite, lengths: list) -> tuple[list, _Slot]:
     """PeerWrite's payload, as its prologue arrives (in the peer's session thread): the
     buffer of the copy that expects it."""
     if not _valid_ticket(request.ticket):
@@ -157,7 +155,7 @@ def place_write(session: "Session", request: m.PeerWrite, lengths: list) -> tupl
     return [slot.buffer], slot
 
 
-def on_write(session: "Session", request: m.PeerWrite, slot: Optional[_Slot]) -> m.PeerDone:
+def on_write(session, request: m.PeerWrite, slot: Optional[_Slot]) -> m.PeerDone:
     """The payload is in: release the waiting PeerReceive."""
     if slot is None:  # a transport that skipped the sink: no payload came
         raise ProtocolError("PeerWrite without its payload")
@@ -169,7 +167,7 @@ def on_write(session: "Session", request: m.PeerWrite, slot: Optional[_Slot]) ->
 
 
 # -- the source ------------------------------------------------------------------------------------
-def on_send(session: "Session", request: m.PeerSend) -> None:
+def on_send(session, request: m.PeerSend) -> None:
     """PeerSend, in the client's session thread: connect to the destination, send."""
     if not _valid_ticket(request.ticket):
         raise ProtocolError(f"PeerSend needs a ticket of {m.PEER_TICKET_BYTES} bytes")

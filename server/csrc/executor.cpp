@@ -171,7 +171,7 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
     table_.check_fits(need);  // refuse, before running, outputs over the limit
     table_.room(need);
     t.op.callBoxed(stack);
-    ++ops_done_;
+    ops_done_.store(ops_done_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // one writer
     bind(t, stack, out_sids, touched);
   } catch (...) {
     auto error = op_error(t.name);

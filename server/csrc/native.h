@@ -11,6 +11,7 @@
 
 #include "swap.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -38,7 +39,9 @@ struct ErrorThrown {
 [[noreturn]] void fail(const char* kind, std::string message);
 
 // Client storage ids -> device storages, with the session's memory accounting (the C++
-// half of server/storage.py's StorageTable).
+// half of server/storage.py's StorageTable). Only the session's thread changes it; the
+// figures (used, peak, size) are atomics because metrics and stats read them from other
+// threads while a batch runs with the GIL released.
 class Table {
  public:
   Table(c10::Device device, int64_t limit, std::shared_ptr<Pool> pool = nullptr)
@@ -53,9 +56,9 @@ class Table {
 
   c10::Device device() const { return device_; }
   int64_t limit() const { return limit_; }
-  int64_t used() const { return used_; }
-  int64_t peak() const { return peak_; }
-  size_t size() const { return entries_.size(); }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  size_t size() const { return size_.load(std::memory_order_relaxed); }
   bool contains(int64_t sid) const { return entries_.count(sid) != 0; }
   // An entry's storage; only for one pinned by resident() (or with no pool): another
   // session may swap an unpinned one out at any time (swap.cpp).
@@ -104,8 +107,9 @@ class Table {
 
   c10::Device device_;
   int64_t limit_;
-  int64_t used_ = 0;
-  int64_t peak_ = 0;
+  std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> peak_{0};
+  std::atomic<size_t> size_{0};  // entries_.size(), readable from any thread
   std::unordered_map<int64_t, Entry> entries_;
   uint64_t owner_;  // host_blocks: this session's cached memory is reused by it alone
   // swapping: all under the pool's lock
@@ -149,7 +153,8 @@ class Executor {
       : table_(device, limit, std::move(pool)) {}
 
   Table& table() { return table_; }
-  int64_t ops_done() const { return ops_done_; }
+  // read by metrics from other threads while a batch runs: atomic
+  int64_t ops_done() const { return ops_done_.load(std::memory_order_relaxed); }
 
   void define(int64_t plan, std::shared_ptr<const Template> t) { plans_[plan] = std::move(t); }
   void drop(int64_t plan) { plans_.erase(plan); }
@@ -194,7 +199,7 @@ class Executor {
   void lookahead(size_t i);  // swap.cpp
 
   Table table_;
-  int64_t ops_done_ = 0;
+  std::atomic<int64_t> ops_done_{0};
   std::unordered_map<int64_t, std::shared_ptr<const Template>> plans_;
   std::unordered_set<int64_t> failed_;
 

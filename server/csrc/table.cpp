@@ -12,9 +12,9 @@ void fail(const char* kind, std::string message) {
 }
 
 void Table::check_fits(int64_t nbytes) const {
-  if (nbytes > limit_ - used_) {
+  if (nbytes > limit_ - used()) {
     fail("oom", "allocating " + std::to_string(nbytes) + " bytes would exceed this session's memory limit (" +
-                    std::to_string(used_) + " of " + std::to_string(limit_) + " bytes in use)");
+                    std::to_string(used()) + " of " + std::to_string(limit_) + " bytes in use)");
   }
 }
 
@@ -31,7 +31,7 @@ void Table::account(Entry& e, int64_t nbytes) {
   // the pool's lock is held, where there is a pool
   used_ += nbytes - e.nbytes;
   e.nbytes = nbytes;
-  peak_ = std::max(peak_, used_);
+  peak_.store(std::max(peak(), used()), std::memory_order_relaxed);
   if (pool_) {
     if (e.slot.owner == nullptr) {
       e.slot.owner = this;
@@ -56,6 +56,7 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
                         : at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
   Pool::Guard g(pool_.get());
   auto& e = entries_.emplace(sid, Entry{std::move(storage), 0, {}}).first->second;
+  size_ = entries_.size();
   account(e, nbytes);
   e.slot.fresh = true;
 }
@@ -66,6 +67,7 @@ void Table::put(int64_t sid, c10::Storage storage, bool replace) {
   if (it == entries_.end() || !replace) {
     check_new(sid);
     it = entries_.emplace(sid, Entry{c10::Storage(), 0, {}}).first;
+    size_ = entries_.size();
   }
   const auto nbytes = static_cast<int64_t>(storage.nbytes());
   auto& e = it->second;
@@ -91,17 +93,19 @@ bool Table::free(int64_t sid) {
   unregister(it->second, g);
   g.bury(std::move(it->second.storage));
   entries_.erase(it);
+  size_ = entries_.size();
   return true;
 }
 
 std::pair<int64_t, int64_t> Table::clear() {
   Pool::Guard g(pool_.get());
-  const auto taken = std::make_pair(static_cast<int64_t>(entries_.size()), used_);
+  const auto taken = std::make_pair(static_cast<int64_t>(entries_.size()), used());
   for (auto& [sid, e] : entries_) {
     unregister(e, g);
     g.bury(std::move(e.storage));
   }
   entries_.clear();
+  size_ = 0;
   pinned_.clear();
   used_ = 0;
   return taken;
@@ -121,8 +125,8 @@ void Table::resync(const int64_t* sids, size_t n) {
       account(it->second, now);
     }
   }
-  if (grew && used_ > limit_) {
-    fail("oom", "an op grew this session's storages to " + std::to_string(used_) + " bytes, over its limit of " +
+  if (grew && used() > limit_) {
+    fail("oom", "an op grew this session's storages to " + std::to_string(used()) + " bytes, over its limit of " +
                     std::to_string(limit_));
   }
 }

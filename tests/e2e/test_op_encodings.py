@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from remote_accel.dataplane import codec
 from remote_accel.dataplane import messages as m
 from remote_accel.torch_wire import values as torch_values
 from remote_accel.pytorch_ext import fallback, runtime
+from remote_accel.pytorch_ext.session import FLUSH_AFTER_S
 from remote_accel.server.testing import ServerProcess
 
 
@@ -26,7 +28,9 @@ from remote_accel.server.testing import ServerProcess
 def session():
     with ServerProcess() as server:
         remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token)
-        yield runtime.sessions()[0]
+        session = runtime.sessions()[0]
+        session.flush_after = None  # these tests look at what is queued: no timer flush
+        yield session
         remote_accel.shutdown()
 
 
@@ -152,6 +156,57 @@ def test_a_full_queue_leaves_without_a_sync(session):
     assert _served() - served == 600
     assert session.counters["batches"] - batches >= 2  # the C++ queue sent itself when full
     assert x.cpu().tolist() == [601.0, 601.0]
+
+
+def _wait_for_batches(session, batches: int) -> None:
+    deadline = time.monotonic() + 30  # generous: the machine may be loaded
+    while session.counters["batches"] <= batches and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_the_timer_flush_sends_a_batch_that_is_not_full(session):
+    """Requests leave without a sync and without filling a batch (pipelining), once."""
+    x = torch.zeros(2, device="remote_accel")
+    x.add_(1.0)
+    session.flush()
+    batches = session.counters["batches"]
+    session.flush_after = FLUSH_AFTER_S
+    try:
+        for _ in range(5):
+            x.add_(1.0)
+        _wait_for_batches(session, batches)
+        assert session.counters["batches"] > batches  # no sync, no full queue: the timer sent it
+        sent = session.counters["batches"]
+        time.sleep(0.05)
+        assert session.counters["batches"] - sent <= 1  # nothing queued: nothing more leaves
+    finally:
+        session.flush_after = None
+    assert x.cpu().tolist() == [6.0, 6.0]
+
+
+def test_an_error_in_a_timer_flushed_batch_raises_at_the_next_sync(session):
+    """A served op that fails on the server, in a batch the timer sent, while later
+    batches follow: the next sync raises naming the op, and the session goes on."""
+    x = torch.arange(4.0, device="remote_accel")
+    good, bad = torch.tensor([0, 1]).to("remote_accel"), torch.tensor([0, 99]).to("remote_accel")
+    x.index_select(0, good)
+    session.sync()
+    served = _served()
+    session.flush_after = FLUSH_AFTER_S
+    try:
+        batches = session.counters["batches"]
+        x.index_select(0, bad)  # from the plan: only the server sees the bad index
+        assert _served() - served == 1
+        _wait_for_batches(session, batches)
+        for _ in range(300):  # later batches, full ones and timer-flushed ones
+            x.add_(1.0)
+        with pytest.raises(Exception) as info:
+            session.sync()
+        assert "index_select" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    finally:
+        session.flush_after = None
+    assert x.cpu().tolist() == [300.0, 301.0, 302.0, 303.0]  # the ops after it ran
+    assert x.index_select(0, good).cpu().tolist() == [300.0, 301.0]
 
 
 def test_threads_share_a_device(session):
