@@ -54,7 +54,14 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+#: modules of the package's top that tie the layers to another system, as tools do: the
+#: Ray pool starts servers inside Ray actors and hands their addresses to init()
+INTEGRATIONS = {"remote_accel.ray": "tools"}
+
+
 def layer(module: str) -> str:
+    if module in INTEGRATIONS:
+        return INTEGRATIONS[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in FOLDERS.values() else "base"
 
