@@ -53,6 +53,8 @@ ENV_SWITCH = "REMOTE_ACCEL_COMPILE_GRAPHS"
 STATIC_SIGNATURES = 2
 #: Input signatures a graph is compiled for at most; calls with others are replayed.
 MAX_SIGNATURES = 64
+#: at::internal::GRAIN_SIZE: ATen's CPU kernels run in parallel only past this many elements.
+ATEN_GRAIN_SIZE = 32768
 
 
 class NotCompilable(Exception):
@@ -336,6 +338,13 @@ class GraphCompiler:
 
         # random ops as the eager kernels draw them: compiled and replayed runs agree
         patches: dict = {"fallback_random": True}
+        if self.device.type == "cpu":
+            # Inductor splits a loop over OpenMP threads from 512 elements a thread on; eager
+            # kernels only past ATen's grain size (32768 elements). Each parallel region wakes
+            # the pool's sleeping threads (the server waits passively), which on a small shared
+            # host costs more than a small model's kernels: a tiny Transformer step took 28 ms
+            # instead of 16. Split only where eager kernels would.
+            patches["cpp.min_chunk_size"] = max(512, ATEN_GRAIN_SIZE // max(1, torch.get_num_threads()))
         static = not any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
                          and any(isinstance(s, torch.SymInt) for s in a.shape) for a in example_inputs)
         if self.device.type == "cuda" and static:
