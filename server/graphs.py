@@ -57,6 +57,15 @@ MAX_SIGNATURES = 64
 ATEN_GRAIN_SIZE = 32768
 
 
+#: Views Dynamo's retrace might refuse: a few ops' meta strides differ from their kernels'
+#: (the client traced the graph with the real layouts), so a view that holds when the graph
+#: runs can fail on fake tensors (GPT-2's attention: "Cannot view a tensor with shape
+#: [2, 2, 16, 16] and strides (512, 16, 1, 32)"). reshape is the same view where one exists
+#: and a copy where not; the outputs are copied into the client's storages anyway, so no
+#: aliasing is lost.
+_VIEW_AS_RESHAPE = {torch.ops.aten.view.default: torch.ops.aten.reshape.default}
+
+
 class NotCompilable(Exception):
     """The graph is well formed but holds something the compiled path does not take."""
 
@@ -152,7 +161,7 @@ def build(nodes: tuple, outputs: tuple, n_inputs: int, device: torch.device) -> 
         if any(type(k) is not str for k in kwargs):
             raise ProtocolError("op keyword names must be strings")
         args, kwargs = _constants_as_attributes(graph, root, (tuple(args), kwargs))
-        values.append(graph.call_function(resolved.fn, args, kwargs))
+        values.append(graph.call_function(_VIEW_AS_RESHAPE.get(resolved.fn, resolved.fn), args, kwargs))
     out = torch_values.decode_value(tuple(outputs), resolve)
     graph.output(tuple(out))
     gm = torch.fx.GraphModule(root, graph)
