@@ -3,12 +3,13 @@
     python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N]
 
 The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128, batch
-8x32, AdamW): the model is `torch.compile(backend="remote_accel")`d, the optimizer runs
-eagerly. Reports the median step of local eager CPU, of the remote compiled step while
-the server replays its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0), and once the
-server runs them compiled by Inductor. The server runs on CPU (or on
-$REMOTE_ACCEL_TEST_DEVICE); the compile time is in its log.
-"""
+8x32, AdamW), medians in one run of: local eager CPU (torch's threads as they are, and
+one thread: OpenMP's spinning threads swing the former on a shared 2-core host), local
+Inductor, and the model `torch.compile(backend="remote_accel")`d with the server
+replaying its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0), running them compiled
+by Inductor, and with AdamW's step compiled too. Remote steps are timed once the server
+has compiled every graph. The server runs on CPU (or on $REMOTE_ACCEL_TEST_DEVICE);
+compile times are in its log."""
 
 from __future__ import annotations
 
@@ -40,25 +41,39 @@ class TinyTransformer(nn.Module):
         return self.head(self.encoder(self.embed(x)).mean(dim=1))
 
 
-def _step_fn(model, device, compiled):
+def _step_fn(model, device, compiled, backend="remote_accel", optimizer=False):
+    """A training step; `compiled`: the model through torch.compile with `backend`,
+    `optimizer`: AdamW's step too (one more graph, instead of its eager ops)."""
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 1000, (8, 32)).to(device)
     y = torch.randint(0, 10, (8,)).to(device)
-    forward = torch.compile(model, backend="remote_accel") if compiled else model
+    forward = torch.compile(model, backend=backend) if compiled else model
+    opt_step = torch.compile(opt.step, backend=backend) if optimizer else opt.step
 
     def step():
         opt.zero_grad()
         loss = nn.functional.cross_entropy(forward(x), y)
         loss.backward()
-        opt.step()
+        opt_step()
         return loss.item()
 
     return step
 
 
-def _time(fn, n: int) -> float:
-    """Median seconds per call: on a small shared machine the mean follows stray stalls."""
+def _time(fn, n: int, threads: int = 0) -> float:
+    """Median seconds per call: on a small shared machine the mean follows stray stalls.
+    `threads`: torch's intra-op threads meanwhile (0: as they are)."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _median_time(fn, n)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _median_time(fn, n: int) -> float:
     fn()
     fn()
     times = []
@@ -69,7 +84,18 @@ def _time(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def _remote_step(model, transport: str, steps: int, compile_graphs: bool) -> tuple[float, dict]:
+def wait_for_compiles(session) -> None:
+    """Until the server has compiled (or given up on) every graph it was sent: timing
+    steps while its compiler thread takes one of two cores measures the compiler."""
+    deadline = time.monotonic() + COMPILE_WAIT_S
+    while time.monotonic() < deadline:
+        stats = session.stats()
+        if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
+            return
+        time.sleep(1.0)
+
+
+def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False) -> tuple[float, dict]:
     env = {"REMOTE_ACCEL_COMPILE_GRAPHS": "1" if compile_graphs else "0"}
     with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", env=env) as server:
         host, port = server.tcp
@@ -78,14 +104,10 @@ def _remote_step(model, transport: str, steps: int, compile_graphs: bool) -> tup
         remote_accel.init(transport=transport, server=f"{host}:{port}", token=server.token, timeout=120)
         torch._dynamo.reset()
         session = runtime.sessions()[0]
-        step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel", compiled=True)
+        step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel", compiled=True, optimizer=optimizer)
         step()  # sends the graphs; the server compiles them in the background
-        deadline = time.monotonic() + COMPILE_WAIT_S
-        while compile_graphs and time.monotonic() < deadline:
-            stats = session.stats()
-            if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
-                break
-            time.sleep(1.0)
+        if compile_graphs:
+            wait_for_compiles(session)
         seconds = _time(step, steps)
         stats = {k: v for k, v in session.stats().items() if k.startswith("graph")}
         remote_accel.shutdown()
@@ -102,12 +124,19 @@ def main() -> int:
     # remote first: remote_accel.init must come before the process's first backward()
     replayed, _ = _remote_step(model, args.transport, args.steps, compile_graphs=False)
     compiled, stats = _remote_step(model, args.transport, args.steps, compile_graphs=True)
+    with_opt, opt_stats = _remote_step(model, args.transport, args.steps, compile_graphs=True, optimizer=True)
     local = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False), args.steps)
+    local_compiled = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=True, backend="inductor"), args.steps)
+    local_1 = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False), args.steps, threads=1)
+    rows = (("local eager CPU", local), ("local eager CPU, 1 thread", local_1),
+            ("local compiled CPU (Inductor, model)", local_compiled),
+            ("remote compiled model, graphs replayed", replayed),
+            ("remote compiled model, graphs compiled", compiled),
+            ("remote compiled model and AdamW step", with_opt))
     print(f"transport: {args.transport}; tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps")
-    print(f"step time local eager CPU:                 {local * 1e3:8.2f} ms")
-    print(f"step time remote compiled, graphs replayed: {replayed * 1e3:8.2f} ms  ({replayed / local:.2f}x local)")
-    print(f"step time remote compiled, graphs compiled: {compiled * 1e3:8.2f} ms  ({compiled / local:.2f}x local)")
-    print(f"server graph figures: {stats}")
+    for name, seconds in rows:
+        print(f"step time {name + ':':40s} {seconds * 1e3:8.2f} ms  ({seconds / local:.2f}x local eager)")
+    print(f"server graph figures: {stats}; with the optimizer: {opt_stats}")
     return 0
 
 

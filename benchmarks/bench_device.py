@@ -9,7 +9,8 @@ second remote and local; the server's cost per op beyond the kernel (the server'
 running the chain's requests, per op, less the same ops called locally from C++, i.e.
 dispatcher and kernel; needs a server that counts its busy time); the tiny Transformer step
 (2 encoder layers, d_model 64, 4 heads, ff 128, batch 8x32, AdamW) remote/local; and
-client cost per queued op, round trips per step, remote/local for a small MLP; the sync
+client cost per queued op, round trips per step, remote/local for a small MLP (its
+compiled step timed once the server has compiled the graphs, beside local Inductor); the sync
 points of issue #20 (sync_points.py: synchronize() with nothing queued, x.sum().item(),
 (x + 1).sum().item(), s.item() of a computed scalar, x.cpu() of 16 floats); a tiny GPT-2's
 greedy generate() remote / CPU (skipped, saying so, without the transformers package); and
@@ -34,6 +35,7 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
+from bench_compile import wait_for_compiles  # noqa: E402  (this folder, beside the script)
 
 import sync_points
 
@@ -151,7 +153,11 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
         remote = _time(remote_step, steps)
         trips = (session.counters["round_trips"] - before) / (steps + 2)
         compiled_model = torch.compile(copy.deepcopy(model).to("remote_accel"), backend="remote_accel")
-        compiled = _time(_step_fn(compiled_model, "remote_accel"), steps)
+        compiled_step = _step_fn(compiled_model, "remote_accel")
+        compiled_step()  # sends the graphs: time the steps once the server runs them compiled,
+        wait_for_compiles(session)  # not while its compiler thread takes a core
+        compiled = _time(compiled_step, steps)
+        local_compiled = _time(_step_fn(torch.compile(copy.deepcopy(model)), "cpu"), steps)
 
         chain_local = statistics.median(_chain("cpu") for _ in range(3))
         chain_remote, server_per_op = [], []
@@ -173,6 +179,7 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
     return {
         "transport": transport_name, "enqueue_us": enqueue * 1e6, "add_ops_per_s": ops_per_s, "trips": trips,
         "mlp_local_ms": local * 1e3, "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3,
+        "mlp_local_compiled_ms": local_compiled * 1e3,
         "chain_remote_ops_per_s": CHAIN_OPS / chain_remote, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
         "server_us_per_op": server_per_op * 1e6, "kernel_us": kernel * 1e6,
         "tf_local_ms": tf_local * 1e3, "tf_remote_ms": tf_remote * 1e3,
@@ -202,6 +209,7 @@ ROWS = (
      lambda r: f"{r['mlp_remote_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_remote_ms'] / r['mlp_local_ms']:.1f}x"),
     ("MLP step remote compiled / local",
      lambda r: f"{r['mlp_compiled_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_compiled_ms'] / r['mlp_local_ms']:.1f}x"),
+    ("MLP step local compiled (Inductor) (ms)", lambda r: f"{r['mlp_local_compiled_ms']:.2f}"),
     *((name, lambda r, key=key: f"{r[key]:.1f}") for name, key in sync_points.SYNC_ROWS),
     ("tiny GPT-2 generate 16 tokens remote / CPU (ms)", _generate_row),
     (f"idle client: {sync_points.IDLE_MATMULS} local matmul+tanh (s)",

@@ -54,6 +54,17 @@ ENV_SWITCH = "REMOTE_ACCEL_COMPILE_GRAPHS"
 STATIC_SIGNATURES = 2
 #: Input signatures a graph is compiled for at most; calls with others are replayed.
 MAX_SIGNATURES = 64
+#: at::internal::GRAIN_SIZE: ATen's CPU kernels run in parallel only past this many elements.
+ATEN_GRAIN_SIZE = 32768
+
+
+#: Views Dynamo's retrace might refuse: a few ops' meta strides differ from their kernels'
+#: (the client traced the graph with the real layouts), so a view that holds when the graph
+#: runs can fail on fake tensors (GPT-2's attention: "Cannot view a tensor with shape
+#: [2, 2, 16, 16] and strides (512, 16, 1, 32)"). reshape is the same view where one exists
+#: and a copy where not; the outputs are copied into the client's storages anyway, so no
+#: aliasing is lost.
+_VIEW_AS_RESHAPE = {torch.ops.aten.view.default: torch.ops.aten.reshape.default}
 
 
 class NotCompilable(Exception):
@@ -151,7 +162,7 @@ def build(nodes: tuple, outputs: tuple, n_inputs: int, device: torch.device) -> 
         if any(type(k) is not str for k in kwargs):
             raise ProtocolError("op keyword names must be strings")
         args, kwargs = _constants_as_attributes(graph, root, (tuple(args), kwargs))
-        values.append(graph.call_function(resolved.fn, args, kwargs))
+        values.append(graph.call_function(_VIEW_AS_RESHAPE.get(resolved.fn, resolved.fn), args, kwargs))
     out = torch_values.decode_value(tuple(outputs), resolve)
     graph.output(tuple(out))
     gm = torch.fx.GraphModule(root, graph)
@@ -337,6 +348,13 @@ class GraphCompiler:
 
         # random ops as the eager kernels draw them: compiled and replayed runs agree
         patches: dict = {"fallback_random": True}
+        if self.device.type == "cpu":
+            # Inductor splits a loop over OpenMP threads from 512 elements a thread on; eager
+            # kernels only past ATen's grain size (32768 elements). Each parallel region wakes
+            # the pool's sleeping threads (the server waits passively), which on a small shared
+            # host costs more than a small model's kernels: a tiny Transformer step took 28 ms
+            # instead of 16. Split only where eager kernels would.
+            patches["cpp.min_chunk_size"] = max(512, ATEN_GRAIN_SIZE // max(1, torch.get_num_threads()))
         static = not any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
                          and any(isinstance(s, torch.SymInt) for s in a.shape) for a in example_inputs)
         if self.device.type == "cuda" and static:
