@@ -27,6 +27,7 @@ from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
+from .exec_values import _count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, flatten
 from .failure import BAD_HANDLE, OP, Failure
 from .graphs import CompiledGraph, GraphCompiler
 from .rng import Generators
@@ -43,80 +44,6 @@ _COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
 _FLIPS_LAZY_BITS = frozenset({"aten::linalg_lu_solve.out"})
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
-
-
-def flatten(result: Any) -> list:
-    if isinstance(result, (tuple, list)):
-        flat = []
-        for item in result:
-            if isinstance(item, (tuple, list)):
-                flat.extend(item)
-            else:
-                flat.append(item)
-        return flat
-    return [result]
-
-
-def _settle_lazy_bits(decoded: list) -> None:
-    """Some kernels flip an out= tensor's conj or neg bit in place instead of writing the
-    values (CPU's linalg_lu_solve.out conjugates its result so). The client's tensor keeps
-    the flags it sent: rewrite the bytes so that, read with those flags, they hold the
-    values the kernel meant."""
-    for t, flags in decoded:
-        conj, neg = bool(flags & torch_values.FLAG_CONJ), bool(flags & torch_values.FLAG_NEG)
-        if t.is_conj() == conj and t.is_neg() == neg:
-            continue
-        values = t.resolve_conj().resolve_neg()
-        if values.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-            values = values.clone()
-        target = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-        if conj:
-            target = target.conj()
-        if neg:
-            target = torch._neg_view(target)
-        target.copy_(values)
-
-
-def _count_holes(value: Any) -> int:
-    """RunPlanned holes in a wire value: its tensor references and inline CPU tensors."""
-    t = type(value)
-    if t is Ext:
-        if value.code == torch_values.TENSOR or value.code == torch_values.CPU_TENSOR:
-            payload = value.value
-            if type(payload) is not tuple or len(payload) != (6 if value.code == torch_values.TENSOR else 3):
-                raise ProtocolError("malformed tensor in a plan")
-            return 1
-        return 0  # generators, devices: never holes
-    if t is tuple or t is list:
-        return sum(_count_holes(v) for v in value)
-    if t is dict:
-        return sum(_count_holes(v) for v in value.values())
-    return 0
-
-
-def _fill(value: Any, values) -> Any:
-    """`value` with its holes (in _count_holes' order) taken from the iterator `values`."""
-    t = type(value)
-    if t is Ext:
-        if value.code == torch_values.TENSOR:
-            sid = next(values)
-            if type(sid) is not int:
-                raise ProtocolError("a RunPlanned value for a tensor reference must be a storage id")
-            return Ext(value.code, (sid,) + value.value[1:])
-        if value.code == torch_values.CPU_TENSOR:
-            data = next(values)
-            if type(data) is not bytes:
-                raise ProtocolError("a RunPlanned value for a CPU tensor must be bytes")
-            return Ext(value.code, value.value[:2] + (data,))
-        return value
-    if t is tuple:
-        return tuple([_fill(v, values) for v in value])
-    if t is list:
-        return [_fill(v, values) for v in value]
-    if t is dict:
-        return {k: _fill(v, values) for k, v in value.items()}
-    return value
 
 
 def _no_resolve(code: int, payload: Any) -> Any:
@@ -505,19 +432,3 @@ class Executor:
         self._graphs.clear()
         self.native.clear_failed()
         self.native.clear_plans()
-
-
-def _graph_value(values: list, payload: Any) -> Any:
-    if type(payload) is int and 0 <= payload < len(values):
-        return values[payload]
-    if (type(payload) is tuple and len(payload) == 2 and all(type(p) is int for p in payload)
-            and 0 <= payload[0] < len(values)):
-        value = values[payload[0]]
-        if isinstance(value, (tuple, list)) and 0 <= payload[1] < len(value):
-            return value[payload[1]]
-    raise ProtocolError(f"graph value {payload!r} does not name an earlier value")
-
-
-def _has_layout(t: torch.Tensor, ref: TensorRef, device: torch.device) -> bool:
-    return (t.device == device and t.dtype == ref.dtype and tuple(t.stride()) == ref.stride
-            and t.storage_offset() == ref.offset and not ref.flags and not t.is_conj() and not t.is_neg())

@@ -1,0 +1,116 @@
+"""A session's receiving side: decode each message as soon as its prologue is in, and
+choose where its payloads land (straight into the destination storage where that is
+safe, else staging, else a scratch buffer for bytes only thrown away).
+
+`Receiving` is a base of Session (session.py), kept apart because this half runs inside
+the transport's recv, as its payload sink, before the message is dispatched. It uses the
+session's table, device, `_stash`, `_scratch` and `_scan`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..dataplane import messages as m
+from ..dataplane.transport import default_sink
+from ..dataplane.wire import MsgType, type_name
+from ..errors import ProtocolError
+from . import peer
+from .failure import Failure
+from .placement import Desync, WriteTarget, batch_writes
+from .storage import host_bytes
+
+# Logged as the session: placement is part of serving one client.
+log = logging.getLogger(__package__ + ".session")
+
+#: Payloads the server only throws away (SINK, a WRITE to a bad handle) land in one
+#: reused scratch buffer; one larger than this cannot be taken, and the session ends.
+MAX_DISCARD_BYTES = 2 << 30
+MAX_ECHO_BYTES = 2 << 30
+
+
+class Receiving:
+    """The payload sink of a Session (transport.recv(sink=session._sink))."""
+
+
+    def _sink(self, header, meta: bytes, lengths: list) -> list:
+        """Decode the message as soon as its prologue is in, and choose where its payloads
+        land: straight into the destination storage where that is safe, else staging.
+        Raises only Desync: anything else would leave the payload bytes unread."""
+        try:
+            return self._place(header, meta, lengths)
+        except Desync:
+            raise
+        except Exception as exc:  # a server bug: report it, keep the stream in step
+            log.exception("session %d: placing the payloads of a %s failed", self.number, type_name(header.type))
+            self._stash = (header.type, ProtocolError(f"the server could not place this message's payloads: {exc}"),
+                           None)
+            return self._discard(lengths)
+
+    def _place(self, header, meta: bytes, lengths: list) -> list:
+        if header.type == MsgType.BATCH and not lengths and self._scan(meta):
+            return []
+        try:
+            msg = m.decode(header.type, meta)
+        except ProtocolError as exc:
+            self._stash = (header.type, exc, None)
+            return self._discard(lengths)
+        self._stash = (header.type, msg, None)
+        if header.type == MsgType.ECHO:
+            if header.payload_total > MAX_ECHO_BYTES:
+                raise Desync(f"ECHO of {header.payload_total} bytes exceeds {MAX_ECHO_BYTES}")
+            return default_sink(header, meta, lengths)
+        if header.type == MsgType.SINK:
+            return self._discard(lengths)
+        if header.type == MsgType.PEER_WRITE:
+            try:
+                buffers, slot = peer.place_write(self, msg, lengths)
+            except ProtocolError as exc:
+                self._stash = (header.type, exc, None)
+                return self._discard(lengths)
+            self._stash = (header.type, msg, slot)
+            return buffers
+        try:
+            if header.type == MsgType.WRITE:
+                request, writes, direct = msg, [msg], [True]
+            elif header.type == MsgType.BATCH:
+                request = m.batch_items(msg)
+                writes, direct = batch_writes(request)
+            elif lengths:
+                raise ProtocolError(f"{type_name(header.type)} carries no payloads")
+            else:
+                return []
+            if len(writes) != len(lengths) or any(w.nbytes != n for w, n in zip(writes, lengths)):
+                raise ProtocolError("payload lengths do not match the WRITE sizes")
+        except ProtocolError as exc:
+            self._stash = (header.type, exc, None)
+            return self._discard(lengths)
+        staged = sum(n for n, d in zip(lengths, direct) if not d or self.device.accelerator)
+        if staged > self.table.limit:
+            raise Desync(f"{staged} bytes of WRITE payload exceed this session's memory limit")
+        plan = [self._write_target(w, ok) for w, ok in zip(writes, direct)]
+        self._stash = (header.type, request, plan)
+        return [t.buffer for t in plan]
+
+    def _write_target(self, w: m.WriteStorage, direct: bool) -> "WriteTarget":
+        view = None
+        if direct:
+            try:
+                view = self.table.byte_range(w.sid, w.offset, w.nbytes)
+            except (Failure, ProtocolError) as exc:
+                return WriteTarget(self._discard([w.nbytes])[0], error=exc)
+            if not self.device.accelerator:
+                # CPU: the storage's own memory; earlier ops of this client have all run.
+                return WriteTarget(host_bytes(view))
+        staging = self.device.staging(w.nbytes)
+        return WriteTarget(host_bytes(staging), view, staging)
+
+    def _discard(self, lengths: list) -> list:
+        need = max(lengths, default=0)
+        if need > MAX_DISCARD_BYTES:
+            raise Desync(f"a payload of {need} bytes cannot be received here")
+        if need > self._scratch.nbytes:
+            self._scratch = np.empty(need, dtype=np.uint8)
+        return [self._scratch[:n] for n in lengths]
