@@ -1,6 +1,6 @@
 // The wire facts C++ needs, in one place: codec tags (dataplane/codec.py), torch value
 // codes (torch_wire/values.py), message types (dataplane/wire.py), the writer the
-// client's queue (pytorch_ext/csrc/op_queue.cpp) encodes batch items with, and the reader
+// client's queue (pytorch_ext/csrc/op_serve.cpp) encodes batch items with, and the reader
 // the server's executor (server/csrc/batch.cpp) decodes them with, which checks every
 // length and type it meets. tests/unit/test_codec_header.py checks the numbers below
 // against the Python modules, so the C++ and Python codecs cannot drift apart.
@@ -9,7 +9,7 @@
 // RunOp that defined the plan in that RunOp's wire order (args, then kwargs as encoded,
 // then outs): a storage id per tensor reference, the bytes per inline CPU tensor. The
 // client encodes keyword arguments sorted by name, and its C++ queue gathers the tensors
-// of a call in that same order (op_queue.cpp, OpInfo::encoding_order).
+// of a call in that same order (op_plans.cpp, OpInfo::encoding_order).
 #pragma once
 
 #include <bit>

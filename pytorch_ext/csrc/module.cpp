@@ -1,6 +1,6 @@
 // Kernels that never need the server (factories and views), and the `_C` Python module.
 //
-// Every other aten op on a remote_accel tensor reaches the boxed fallback (op_queue.cpp),
+// Every other aten op on a remote_accel tensor reaches the boxed fallback (op_fallback.cpp),
 // which the Python side installs with its half of the work.
 #include "device.h"
 #include "op_queue.h"
