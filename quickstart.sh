@@ -103,7 +103,7 @@ if [[ $what == models ]]; then
 fi
 venv=${REMOTE_ACCEL_VENV:-.venv}
 # ray: remote_accel.ray's server pool, tested on a local Ray cluster (tests/e2e/test_ray_pool.py)
-prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" ray
+prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" ray==2.60.0
 
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;
