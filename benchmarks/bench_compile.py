@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import time
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn as nn
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
+from timing import median_seconds  # noqa: E402  (this folder, beside the script)
 from remote_accel.server.testing import ServerProcess
 
 COMPILE_WAIT_S = 1800
@@ -68,20 +68,9 @@ def _time(fn, n: int, threads: int = 0) -> float:
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _median_time(fn, n)
+        return median_seconds(fn, n)
     finally:
         torch.set_num_threads(before)
-
-
-def _median_time(fn, n: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def wait_for_compiles(session) -> None:

@@ -36,6 +36,7 @@ import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
 from bench_compile import wait_for_compiles  # noqa: E402  (this folder, beside the script)
+from timing import median_seconds  # noqa: E402
 
 import sync_points
 
@@ -53,18 +54,6 @@ def _step_fn(model, device):
         return loss.item()
 
     return step
-
-
-def _time(fn, n: int) -> float:
-    """Median seconds per call: on a small shared machine the mean follows stray stalls."""
-    fn()
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 CHAIN_OPS = 40_000
@@ -147,17 +136,17 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
 
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-        local = _time(_step_fn(copy.deepcopy(model), "cpu"), steps)
+        local = median_seconds(_step_fn(copy.deepcopy(model), "cpu"), steps)
         remote_step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel")
         before = session.counters["round_trips"]
-        remote = _time(remote_step, steps)
+        remote = median_seconds(remote_step, steps)
         trips = (session.counters["round_trips"] - before) / (steps + 2)
         compiled_model = torch.compile(copy.deepcopy(model).to("remote_accel"), backend="remote_accel")
         compiled_step = _step_fn(compiled_model, "remote_accel")
         compiled_step()  # sends the graphs: time the steps once the server runs them compiled,
         wait_for_compiles(session)  # not while its compiler thread takes a core
-        compiled = _time(compiled_step, steps)
-        local_compiled = _time(_step_fn(torch.compile(copy.deepcopy(model)), "cpu"), steps)
+        compiled = median_seconds(compiled_step, steps)
+        local_compiled = median_seconds(_step_fn(torch.compile(copy.deepcopy(model)), "cpu"), steps)
 
         chain_local = statistics.median(_chain("cpu") for _ in range(3))
         chain_remote, server_per_op = [], []
@@ -173,8 +162,8 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
         kernel = statistics.median(_kernel() for _ in range(3))
         server_per_op = statistics.median(server_per_op)
 
-        tf_local = _time(_transformer_step_fn("cpu"), steps)
-        tf_remote = _time(_transformer_step_fn("remote_accel"), steps)
+        tf_local = median_seconds(_transformer_step_fn("cpu"), steps)
+        tf_remote = median_seconds(_transformer_step_fn("remote_accel"), steps)
         remote_accel.shutdown()
     return {
         "transport": transport_name, "enqueue_us": enqueue * 1e6, "add_ops_per_s": ops_per_s, "trips": trips,

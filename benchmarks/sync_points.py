@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from timing import median_seconds
+
 SYNC_REPEATS = 300
 IDLE_MATMULS = 2000
 
@@ -26,14 +28,7 @@ SYNC_ROWS = (
 
 
 def _median_us(fn, n: int = SYNC_REPEATS) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return median_seconds(fn, n, warmup=5) * 1e6
 
 
 def sync_latencies() -> dict:
