@@ -1,5 +1,6 @@
 """Defaults and environment variables shared by client, server and tools."""
 
+import argparse
 import os
 
 ENV_SERVER = "REMOTE_ACCEL_SERVER"
@@ -57,3 +58,19 @@ def parse_host_port(text: str, default_port: int = DEFAULT_TCP_PORT) -> tuple[st
     if not host or not 0 <= port < 65536:
         raise ConfigError(f"bad server address {text!r}: expected HOST:PORT")
     return host, port
+
+
+def seconds_argument(low: float, high: float):
+    """An argparse type for a number of seconds in [low, high], with a message that says
+    which rule a value broke (the server's timeouts, ra-top's refresh interval)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high} seconds")
+        return value
+
+    return parse

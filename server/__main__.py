@@ -108,14 +108,7 @@ def parse_namespaces(text: str) -> Optional[dict]:
     return namespaces
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"{value} is outside 0.1..86400 seconds")
-    return value
+_seconds = config.seconds_argument(0.1, 86400)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -211,14 +211,7 @@ def render(f: dict) -> Group:
 
 
 # -- the command -------------------------------------------------------------------------------------
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.1 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"{value} is outside 0.1..60 seconds")
-    return value
+_interval = config.seconds_argument(0.1, 60)
 
 
 def build_parser() -> argparse.ArgumentParser:
