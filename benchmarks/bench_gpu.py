@@ -25,14 +25,14 @@ import copy
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from timing import median_seconds  # noqa: E402  (this folder, beside the script)
 
 MODELS = ("gpt", "gpt-bf16", "resnet18", "mlp")
 # sizes: (GPU defaults as the issue measured them, CPU smoke defaults)
@@ -167,13 +167,7 @@ def step_fn(name: str, s: argparse.Namespace, device: str):
 def time_steps(step, n: int) -> tuple[float, float]:
     """(first step's loss, median seconds per step after two warm-up steps)."""
     first = step()
-    step()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+    return first, median_seconds(step, n, warmup=1)
 
 
 def measure(transport_name: str, s: argparse.Namespace) -> list[dict]:
