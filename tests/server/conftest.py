@@ -12,8 +12,10 @@ from remote_accel.server.testing import Client, ServerProcess
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess("--log-level", "debug") as proc:
+def server(request):
+    """The module's server; a module sets SERVER_ARGS to start it with other options."""
+    args = getattr(request.module, "SERVER_ARGS", ("--log-level", "debug"))
+    with ServerProcess(*args) as proc:
         yield proc
         assert proc.alive(), f"the server died:\n{proc.log()}"
         assert "Traceback" not in proc.log(), f"the server hit a bug:\n{proc.log()}"

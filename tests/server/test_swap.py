@@ -9,31 +9,12 @@ import time
 import pytest
 import torch
 
-from remote_accel.server.testing import Client, ServerProcess
+from remote_accel.server.testing import Client
 
 MB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess("--device-memory", "8M", "--swap-space", "64M") as proc:
-        yield proc
-        assert proc.alive(), f"the server died:\n{proc.log()}"
-        assert "Traceback" not in proc.log(), f"the server hit a bug:\n{proc.log()}"
-
-
-@pytest.fixture
-def connect(server):
-    clients = []
-
-    def make() -> Client:
-        client = Client.tcp(*server.tcp, token=server.token)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
+SERVER_ARGS = ("--device-memory", "8M", "--swap-space", "64M")
 
 
 def filled(value: int, n: int = 3 * MB) -> torch.Tensor:
