@@ -75,7 +75,9 @@ def slow_path(op: torch._ops.OpOverload, args: tuple, kwargs: dict, want_plan: b
     ever gets one (ops that draw random numbers, data-dependent ops, host transfers).
     """
     if sparse.involved(op, args, kwargs):  # no meta kernel knows a sparse result's nnz
-        return run_with_reply(op, args, kwargs, _device_index(args, kwargs)), False
+        # no plan: the same op with strided arguments only (layout= aside) still gets one
+        never = op._schema.name in sparse.SPARSE_RESULT_OPS
+        return run_with_reply(op, args, kwargs, _device_index(args, kwargs)), (False if never else None)
     special = transfer.SPECIAL_OPS.get(op)
     if special is not None and not transfer.runs_on_server(op, args):
         if op is torch.ops.aten._copy_from.default and transfer.on_one_server(args[0], args[1]):
