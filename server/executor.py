@@ -337,20 +337,26 @@ class Executor:
             self.table.tensor(ref).copy_(value)
 
     def _keep(self, flat: list, outs: tuple) -> list:
-        results = []
-        for i, value in enumerate(flat):
-            sid = outs[i] if i < len(outs) else None
-            if not isinstance(value, torch.Tensor):
-                results.append(torch_values.encode_value(value, _no_tensor))
-            elif torch_sparse.is_sparse(value):
-                if type(sid) is not tuple or len(sid) < torch_sparse.n_components(value.layout):
-                    raise Failure(OP, f"result {i} is a {value.layout} tensor, the client expects a strided one")
-                results.append(torch_sparse.describe(value, lambda part, k: self._keep_tensor(part, sid[k])))
-            else:
-                results.append(self._keep_tensor(value, sid[0] if type(sid) is tuple else sid))
+        results: list = []
+        kept: list = []  # the client learns of none of them if a later result fails
+        try:
+            for i, value in enumerate(flat):
+                sid = outs[i] if i < len(outs) else None
+                if not isinstance(value, torch.Tensor):
+                    results.append(torch_values.encode_value(value, _no_tensor))
+                elif torch_sparse.is_sparse(value):
+                    if type(sid) is not tuple or len(sid) < torch_sparse.n_components(value.layout):
+                        raise Failure(OP, f"result {i} is a {value.layout} tensor, the client expects a strided one")
+                    results.append(torch_sparse.describe(value, lambda part, k: self._keep_tensor(part, sid[k], kept)))
+                else:
+                    results.append(self._keep_tensor(value, sid[0] if type(sid) is tuple else sid, kept))
+        except BaseException:
+            for sid in kept:
+                self.table.free(sid)
+            raise
         return results
 
-    def _keep_tensor(self, value: torch.Tensor, sid: Optional[int]) -> tuple:
+    def _keep_tensor(self, value: torch.Tensor, sid: Optional[int], kept: list) -> tuple:
         value = value.resolve_conj().resolve_neg()
         if value.device != self.device.device:
             value = value.to(self.device.device)
@@ -358,6 +364,7 @@ class Executor:
         if sid is not None:
             self.table.check_fits(storage.nbytes())
             self.table.put(sid, storage, replace=False)
+            kept.append(sid)
         return (storage.nbytes(), torch_values.dtype_name(value.dtype), tuple(value.shape), tuple(value.stride()),
                 value.storage_offset())
 
