@@ -143,6 +143,24 @@ def test_mm_with_reduce_and_gradients_matches_cpu(server, reduce):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adagrad])
+def test_embedding_with_sparse_gradients_trains_as_on_cpu(server, optimizer):
+    def train(device):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 4, sparse=True).to(device)
+        opt = optimizer(emb.parameters(), lr=0.1)
+        idx = torch.tensor([[1, 2, 4], [4, 3, 9]]).to(device)
+        for _ in range(3):
+            opt.zero_grad()
+            emb(idx).pow(2).sum().backward()
+            assert emb.weight.grad.layout == torch.sparse_coo and emb.weight.grad.device.type == device
+            opt.step()
+        return emb.weight.detach().cpu(), emb.weight.grad.to_dense().cpu()
+
+    for got, want in zip(train(R), train("cpu")):
+        torch.testing.assert_close(got, want)
+
+
 def test_unsupported_sparse_op_is_a_clear_error_and_the_server_lives_on(server):
     s = _dense(5).to(R).to_sparse()
     with pytest.raises(RemoteAccelError, match="view"):
