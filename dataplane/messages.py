@@ -128,7 +128,8 @@ class RunOp:
     copies when the kernel's layout differs), or None for results that alias an input
     or are not tensors. With `reply` set the server answers RunReply with the results'
     metadata instead (data-dependent shapes); the results then wait under the storage
-    ids of `outs` (plain ints) until freed. Results are numbered in the op's return
+    ids of `outs` (plain ints; a tuple of ids where the result may be sparse, one per
+    component, see torch_wire.sparse) until freed. Results are numbered in the op's return
     order with `Tensor[]` returns expanded in place (`split` gives one per piece).
     `stream` names the random stream (a generator reference) of a seeded op that takes
     no generator argument (native_dropout), so a manual_seed on the client reaches it.

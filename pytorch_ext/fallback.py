@@ -19,7 +19,7 @@ import torch
 from ..dataplane.codec import Ext
 from ..dataplane.wire import MsgType
 from ..torch_wire import values as tv
-from . import handles, meta, runtime, transfer
+from . import handles, meta, runtime, sparse, transfer
 from .session import MAX_BATCH_ITEMS
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,10 @@ def slow_path(op: torch._ops.OpOverload, args: tuple, kwargs: dict, want_plan: b
     and the call allows one (see _native_plan), else None; False when no call of this op
     ever gets one (ops that draw random numbers, data-dependent ops, host transfers).
     """
+    if sparse.involved(op, args, kwargs):  # no meta kernel knows a sparse result's nnz
+        # no plan: the same op with strided arguments only (layout= aside) still gets one
+        never = op._schema.name in sparse.SPARSE_RESULT_OPS
+        return run_with_reply(op, args, kwargs, _device_index(args, kwargs)), (False if never else None)
     special = transfer.SPECIAL_OPS.get(op)
     if special is not None and not transfer.runs_on_server(op, args):
         if op is torch.ops.aten._copy_from.default and transfer.on_one_server(args[0], args[1]):
@@ -237,14 +241,24 @@ def run_with_reply(op, args, kwargs, index):
     """Run now; the server tells the results' shapes (data-dependent ops, no meta kernel)."""
     session = runtime.session(index)
     n_out = meta.count_tensor_returns(op)
-    temp = tuple(-next(_temp_ids) for _ in range(n_out))
+    may_be_sparse = sparse.involved(op, args, kwargs)
+    if may_be_sparse:
+        temp = sparse.result_ids(n_out, lambda: -next(_temp_ids))
+    else:
+        temp = tuple(-next(_temp_ids) for _ in range(n_out))
     enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
     reply = session.run_with_reply(meta.op_name(op), enc_args, enc_kwargs, temp, _stream(op, index))
     device = torch.device("remote_accel", index)
     results = []
+    adopt = lambda sid, desc: _adopt(session, sid, desc, device, index)  # noqa: E731
     for i, value in enumerate(reply):  # the server kept result i under temp[i]
-        if type(value) is tuple and len(value) == 5 and type(value[1]) is str:
-            results.append(_adopt(session, temp[i], value, device, index))
+        if may_be_sparse and i < len(temp) and sparse.is_description(value):
+            results.append(sparse.adopt(value, temp[i], adopt))
+        elif type(value) is tuple and len(value) == 5 and type(value[1]) is str:
+            ids = temp[i]
+            if may_be_sparse:  # a strided result took the first id; the others were not used
+                ids = ids[0]
+            results.append(adopt(ids, value))
         else:
             results.append(value)
     results = meta.regroup(op, results)
@@ -261,7 +275,9 @@ def _write_back(op, args, kwargs, results: list) -> None:
             continue
         arg, result = meta.argument(args, kwargs, target), results[i]
         if isinstance(arg, torch.Tensor) and isinstance(result, torch.Tensor):
-            if result.shape != arg.shape:
+            if arg.layout is not torch.strided:
+                sparse.write_back(arg, result)
+            elif result.shape != arg.shape:
                 arg.set_(result)
             results[i] = arg
 
@@ -286,6 +302,7 @@ def register() -> None:
     global _installed
     if not _installed:
         _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), MAX_BATCH_ITEMS)
+        sparse.register(lambda op, args, kwargs: run_with_reply(op, args, kwargs, _device_index(args, kwargs)))
         _installed = True
 
 

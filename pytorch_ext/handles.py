@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..dataplane.codec import Ext
+from ..torch_wire import sparse as tw_sparse
 from ..torch_wire import values as tv
 from . import runtime
 from ._native import load
@@ -57,6 +58,10 @@ def announce(t: torch.Tensor, index: int) -> int:
 
 def tensor_ref(t: torch.Tensor, index: int) -> Ext:
     """The wire reference of a tensor argument (remote storage, or a small CPU value)."""
+    if t.layout is not torch.strided:
+        if t.device.type != "remote_accel":
+            raise RuntimeError(f"remote_accel cannot mix in a {t.layout} tensor on {t.device}: move it first")
+        return tw_sparse.encode(t, lambda part: tensor_ref(part, index))
     if t.device.type == "cpu":
         return tv.inline_cpu_tensor(t)
     return tv.encoded_tensor_ref(argument_sid(t, index), t.dtype, t.shape, t.stride(), t.storage_offset(),

@@ -24,6 +24,7 @@ import torch
 from ..dataplane.codec import Ext
 from ..dataplane.messages import RunGraph, RunOp, RunPlanned
 from ..errors import ProtocolError
+from ..torch_wire import sparse as torch_sparse
 from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
@@ -92,6 +93,8 @@ class Executor:
                 if decoded is not None:
                     decoded.append((t, ref.flags))
                 return t
+            if code == torch_values.SPARSE:
+                return torch_sparse.decode(payload, lambda ref: resolve(torch_values.TENSOR, ref))
             if code == torch_values.GENERATOR:
                 return self.generators.resolve(payload)
             if code == torch_values.DEVICE:
@@ -137,7 +140,8 @@ class Executor:
                 refs = self._plan_outs(msg.outs)
             if msg.stream is not None and resolved.seeded:
                 self._sync_default_stream(msg.stream)
-            flat = flatten(self._call(resolved, args, kwargs))
+            with torch_sparse.grad_mode(msg.op):
+                flat = flatten(self._call(resolved, args, kwargs))
             _settle_lazy_bits(decoded)
             self._python_ops += 1
             results = self._keep(flat, msg.outs) if msg.reply else self._bind(flat, refs, touched)
@@ -273,11 +277,13 @@ class Executor:
         return resolved.fn(*args, **kwargs)
 
     def _check_reply_outs(self, outs: tuple) -> None:
-        for sid in outs:
-            if sid is not None and type(sid) is not int:
-                raise ProtocolError("RunOp(reply=True) outs must be storage ids")
-            if sid in self.table:
-                raise Failure(BAD_HANDLE, f"storage {sid} already exists")
+        for out in outs:
+            # a tuple: one storage id per component, should the result be sparse
+            for sid in (out if type(out) is tuple and 0 < len(out) <= 3 else (out,)):
+                if sid is not None and type(sid) is not int:
+                    raise ProtocolError("RunOp(reply=True) outs must be storage ids")
+                if sid in self.table:
+                    raise Failure(BAD_HANDLE, f"storage {sid} already exists")
 
     def _plan_outs(self, outs: tuple) -> list:
         """Parse the promised layouts and refuse, before running, outputs over the limit."""
@@ -331,22 +337,36 @@ class Executor:
             self.table.tensor(ref).copy_(value)
 
     def _keep(self, flat: list, outs: tuple) -> list:
-        results = []
-        for i, value in enumerate(flat):
-            sid = outs[i] if i < len(outs) else None
-            if not isinstance(value, torch.Tensor):
-                results.append(torch_values.encode_value(value, _no_tensor))
-                continue
-            value = value.resolve_conj().resolve_neg()
-            if value.device != self.device.device:
-                value = value.to(self.device.device)
-            storage = value.untyped_storage()
-            if sid is not None:
-                self.table.check_fits(storage.nbytes())
-                self.table.put(sid, storage, replace=False)
-            results.append((storage.nbytes(), torch_values.dtype_name(value.dtype), tuple(value.shape),
-                            tuple(value.stride()), value.storage_offset()))
+        results: list = []
+        kept: list = []  # the client learns of none of them if a later result fails
+        try:
+            for i, value in enumerate(flat):
+                sid = outs[i] if i < len(outs) else None
+                if not isinstance(value, torch.Tensor):
+                    results.append(torch_values.encode_value(value, _no_tensor))
+                elif torch_sparse.is_sparse(value):
+                    if type(sid) is not tuple or len(sid) < torch_sparse.n_components(value.layout):
+                        raise Failure(OP, f"result {i} is a {value.layout} tensor, the client expects a strided one")
+                    results.append(torch_sparse.describe(value, lambda part, k: self._keep_tensor(part, sid[k], kept)))
+                else:
+                    results.append(self._keep_tensor(value, sid[0] if type(sid) is tuple else sid, kept))
+        except BaseException:
+            for sid in kept:
+                self.table.free(sid)
+            raise
         return results
+
+    def _keep_tensor(self, value: torch.Tensor, sid: Optional[int], kept: list) -> tuple:
+        value = value.resolve_conj().resolve_neg()
+        if value.device != self.device.device:
+            value = value.to(self.device.device)
+        storage = value.untyped_storage()
+        if sid is not None:
+            self.table.check_fits(storage.nbytes())
+            self.table.put(sid, storage, replace=False)
+            kept.append(sid)
+        return (storage.nbytes(), torch_values.dtype_name(value.dtype), tuple(value.shape), tuple(value.stride()),
+                value.storage_offset())
 
     def mark_failed(self, outs: Any) -> None:
         for out in outs if type(outs) is tuple else ():

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import ConfigError
+from . import sparse_checks
 from .failure import UNKNOWN_OP, Failure
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ SUBSTITUTES: dict[str, Callable] = {
     "aten::_assert_async.msg": _assert_async,
     "aten::_efficientzerotensor": _efficientzerotensor,
     "aten::_efficientzerotensor.default": _efficientzerotensor,
+    **sparse_checks.SUBSTITUTES,
 }
 
 

@@ -32,6 +32,7 @@ MEMORY_FORMAT = 5  # name
 GENERATOR = 6  # (generator id, seed, epoch)
 CPU_TENSOR = 7  # (dtype, shape, raw little-endian bytes), contiguous
 GRAPH_VALUE = 8  # index of an earlier node's result inside a RunGraph
+SPARSE = 9  # (layout, size, component tensor references, coalesced): see torch_wire.sparse
 
 FLAG_CONJ = 1
 FLAG_NEG = 2
@@ -48,7 +49,10 @@ DTYPES: dict[str, torch.dtype] = {
     )
 }
 DTYPE_NAMES = {d: n for n, d in DTYPES.items()}
-LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
+LAYOUTS = {
+    "strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc, "sparse_bsr": torch.sparse_bsr, "sparse_bsc": torch.sparse_bsc,
+}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 MEMORY_FORMATS = {
     "contiguous_format": torch.contiguous_format,
@@ -175,7 +179,7 @@ def check_shape(value: Any, name: str = "shape") -> tuple:
 
 def decode_value(v: Any, resolve: Callable[[int, Any], Any]) -> Any:
     """codec value -> Python/torch value. `resolve(code, payload)` handles TENSOR,
-    DEVICE, GENERATOR and GRAPH_VALUE (they need the server's state)."""
+    SPARSE, DEVICE, GENERATOR and GRAPH_VALUE (they need the server's state)."""
     t = type(v)
     if t is Ext:
         code, value = v
@@ -191,7 +195,7 @@ def decode_value(v: Any, resolve: Callable[[int, Any], Any]) -> Any:
             return MEMORY_FORMATS[value]
         if code == CPU_TENSOR:
             return decode_cpu_tensor(value)
-        if code in (TENSOR, DEVICE, GENERATOR, GRAPH_VALUE):
+        if code in (TENSOR, SPARSE, DEVICE, GENERATOR, GRAPH_VALUE):
             return resolve(code, value)
         raise ProtocolError(f"unknown value code {code}")
     if t is list:
