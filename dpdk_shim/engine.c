@@ -125,6 +125,23 @@ waiter_init(struct waiter *w, const struct shim_conn_opts *o)
 	w->idle_since = rte_rdtsc();
 	w->spin = ns_to_tsc(o->spin_ns);
 	w->busy = o->busy_poll != 0;
+	w->port = NULL;
+	w->db = w->peer = NULL;
+	w->seen = UINT64_MAX;  /* the first pause only looks */
+}
+
+/* A waiter for this connection: its naps sleep on the connection's doorbell, so the
+ * peer's next frame ends them. */
+void
+waiter_init_conn(struct waiter *w, struct shim_conn *c)
+{
+	waiter_init(w, &c->o);
+	if (c->db_own != NULL) {
+		w->port = c->port;
+		w->db = c->db_own;
+		w->peer = c->db_peer;
+		w->conn = c;
+	}
 }
 
 void
@@ -141,14 +158,20 @@ waiter_pause(struct waiter *w, uint64_t now, bool progress)
 		return;
 	}
 	idle = (int64_t)(now - w->idle_since);  /* now may come from another core's tsc */
-	if (idle < (int64_t)w->spin / 4) {
+	if (w->peer != NULL && idle < (int64_t)w->spin) {
+		db_spin(w);  /* pause, or yield to the peer where it runs on this core */
+	} else if (idle < (int64_t)w->spin / 4) {
 		rte_pause();
 	} else if (idle < (int64_t)w->spin) {
 		sched_yield();  /* let the peer's thread have this core if it wants it */
 	} else {
 		uint64_t ns = tsc_to_ns((uint64_t)idle) / 16;
 
-		nap(RTE_MAX(SLEEP_MIN_NS, RTE_MIN(SLEEP_MAX_NS, ns)));
+		ns = RTE_MAX(SLEEP_MIN_NS, RTE_MIN(SLEEP_MAX_NS, ns));
+		if (w->db != NULL)
+			db_sleep(w, ns);  /* the same nap, cut short by the peer's next frame */
+		else
+			nap(ns);
 	}
 }
 
