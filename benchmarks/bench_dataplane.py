@@ -257,6 +257,16 @@ def table(rows: dict, small: int, user_size: int = 0, idle_ms: float = 5.0) -> s
     return "\n".join(out)
 
 
+def _idle_ms(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not 0.1 <= ms <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} ms is outside 0.1..1000")
+    return ms
+
+
 def _kinds(text: str) -> tuple:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     if not kinds or any(k not in KINDS for k in kinds):
@@ -271,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--rtts", type=int, default=20000, help="round trips measured (default 20000)")
     p.add_argument("--small", type=int, default=64, help="round-trip payload bytes (default 64)")
     p.add_argument("--busy-poll", action="store_true", help="DPDK ends never nap (burns both cores)")
-    p.add_argument("--idle-ms", type=float, default=5.0,
+    p.add_argument("--idle-ms", type=_idle_ms, default=5.0,
                    help="silence before each idle round trip, ms (default 5; 0.1..1000)")
     p.add_argument("--no-doorbell", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-zero-copy", action="store_true", help="DPDK sends copy payloads into mbufs")

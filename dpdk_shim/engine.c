@@ -12,7 +12,10 @@
  * after traffic, doubling up to 16 ms when idle. Waiting application threads spin
  * for `spin_ns` after the last traffic, then yield, then sleep a sixteenth of the
  * idle time (10 us .. 16 ms), so a long wait costs little CPU and a reply after a
- * long computation is late by at most ~6%. `busy_poll` spins without end (benchmarks).
+ * long computation is late by at most ~6%. On memif and ring ports a waiter sleeps on
+ * its connection's doorbell instead (doorbell.c): the same sleep, ended at once by the
+ * peer's next frame, and its spin yields only while the peer shares its core.
+ * `busy_poll` spins without end (benchmarks).
  * The caps are for many idle clients on few cores: a server's session threads each
  * wait on their own memif port, and with 1 ms caps 16 idle clients and their server
  * cost about 17% of a core on a 2-core VM (TCP: 1%). A message after 16 ms of silence
