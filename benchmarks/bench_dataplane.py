@@ -8,6 +8,7 @@ as a training loop's batches do (GB/s counts the bytes both ways).
     python benchmarks/bench_dataplane.py                  # defaults: 64 MiB x 32, 20000 round trips
     python benchmarks/bench_dataplane.py --only tcp,tls   # TCP with and without TLS
     python benchmarks/bench_dataplane.py --busy-poll      # both ends spin (lowest latency, 2 cores busy)
+    python benchmarks/bench_dataplane.py --idle-ms 20     # idle RTT: each round trip after 20 ms of silence
     python benchmarks/bench_dataplane.py --json
     python benchmarks/bench_dataplane.py --user-size 0     # transport level only
 
@@ -15,6 +16,11 @@ The far end is this script in peer mode (`--peer tcp|dpdk`), in another process:
 receives bulk messages into one reused buffer (so page faults of fresh memory do not
 count) and answers ECHO at once. This is a benchmark, not a test: numbers depend on
 the machine and on what else runs on it.
+
+RTT is measured back to back (both ends still polling) and after idle (each round trip
+after --idle-ms of silence: both ends have gone to sleep, so it is the wake-up path). The
+row "dpdk memif naps" runs the same round trips with the shim's doorbells off (waiters
+nap with back-off instead of sleeping until the peer's frame), side by side.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ ECHO, ECHO_REPLY, SINK = 64, 65, 66
 
 
 # -- the far end ---------------------------------------------------------------------
-def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "") -> int:
+def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "", doorbell: bool = True) -> int:
     """Serve one client: SINK into a reused buffer (a fresh one each time with --fresh),
     ECHO answered with the same payloads."""
     buf = np.empty(size, np.uint8)
@@ -56,7 +62,7 @@ def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "") -> 
     else:
         from remote_accel.dataplane import dpdk
 
-        listener = dpdk.DpdkListener(options=dpdk.ChannelOptions(busy_poll=busy))
+        listener = dpdk.DpdkListener(options=dpdk.ChannelOptions(busy_poll=busy, doorbell=doorbell))
     print(f"READY {listener.address}", flush=True)
     t = listener.accept(timeout=120)
     try:
@@ -74,11 +80,13 @@ def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "") -> 
 
 
 def start_peer(kind: str, busy: bool, size: int, runtime: str,
-               fresh: bool = False, cert: str = "") -> tuple[subprocess.Popen, str]:
+               fresh: bool = False, cert: str = "", doorbell: bool = True) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
     cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size), "--cert", cert]
     if busy:
         cmd.append("--busy-poll")
+    if not doorbell:
+        cmd.append("--no-doorbell")
     if fresh:
         cmd.append("--fresh")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
@@ -101,7 +109,7 @@ def bench_memcpy(size: int, count: int) -> dict:
     return {"bulk_gbps": size * count / secs / 1e9, "rtt_p50_us": None, "rtt_p99_us": None}
 
 
-def bench_transport(t, size: int, count: int, rtts: int, small: int) -> dict:
+def bench_transport(t, size: int, count: int, rtts: int, small: int, idle_ms: float = 5.0) -> dict:
     data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
     t.send(SINK, b"", [data])  # warm up both ends (buffers, page faults)
     t.send(ECHO, b"sync", [])
@@ -122,28 +130,38 @@ def bench_transport(t, size: int, count: int, rtts: int, small: int) -> dict:
         t.send(ECHO, b"", payload)
         t.recv(timeout=60)
         samples[i] = time.perf_counter_ns() - t0
-    return {"bulk_gbps": size * count / secs / 1e9,
+    idle = np.empty(max(10, min(200, int(1000 / max(idle_ms, 1.0)))), np.int64)
+    for i in range(len(idle)):  # after a silence: the wake-up path
+        time.sleep(idle_ms / 1e3)
+        t0 = time.perf_counter_ns()
+        t.send(ECHO, b"", payload)
+        t.recv(timeout=60)
+        idle[i] = time.perf_counter_ns() - t0
+    return {"bulk_gbps": size * count / secs / 1e9 if count else None,
             "rtt_p50_us": float(np.percentile(samples, 50)) / 1e3,
-            "rtt_p99_us": float(np.percentile(samples, 99)) / 1e3}
+            "rtt_p99_us": float(np.percentile(samples, 99)) / 1e3,
+            "idle_rtt_p50_us": float(np.percentile(idle, 50)) / 1e3}
 
 
-def run_dpdk(args, runtime: str) -> tuple[dict, dict]:
+def run_dpdk(args, runtime: str, doorbell: bool = True, count: int | None = None) -> tuple[dict, dict]:
     from remote_accel.dataplane import dpdk
 
-    proc, _ = start_peer("dpdk", args.busy_poll, args.size, runtime, args.fresh)
+    proc, _ = start_peer("dpdk", args.busy_poll, args.size, runtime, args.fresh, doorbell=doorbell)
     try:
         dpdk.ensure_eal(None, role="local")
         from remote_accel.dataplane.eal_args import MEMIF_BSIZE, memif_rsize
 
-        port = dpdk.add_vdev("net_memif_bench", f"role=client,id=0,socket={runtime}/memif.sock,"
+        port = dpdk.add_vdev(f"net_memif_bench{0 if doorbell else 1}", f"role=client,id=0,socket={runtime}/memif.sock,"
                                                 f"bsize={MEMIF_BSIZE},rsize={memif_rsize(MEMIF_BSIZE)}")
-        options = dpdk.ChannelOptions(busy_poll=args.busy_poll,
+        options = dpdk.ChannelOptions(busy_poll=args.busy_poll, doorbell=doorbell,
                                       zero_copy_min=(1 << 62) if args.no_zero_copy else (256 << 10))
         t = dpdk.DpdkTransport.connect(port, timeout=60, options=options)
-        result = bench_transport(t, args.size, args.count, args.rtts, args.small)
+        result = bench_transport(t, args.size, args.count if count is None else count, args.rtts, args.small,
+                                 args.idle_ms)
         stats = t.stats()
         t.send(0, b"", [])  # not ECHO or SINK: the peer ends
         t.close()
+        dpdk.remove_vdev(port)
     finally:
         proc.wait(30)
     return result, stats
@@ -167,7 +185,7 @@ def run_tcp(args, runtime: str, tls: bool = False) -> dict:
             t = TlsTransport.connect(host, int(port), tls=client_context(cert))
         else:
             t = TcpTransport.connect(host, int(port))
-        result = bench_transport(t, args.size, args.count, args.rtts, args.small)
+        result = bench_transport(t, args.size, args.count, args.rtts, args.small, args.idle_ms)
         t.send(0, b"", [])
         t.close()
     finally:
@@ -216,21 +234,37 @@ def run_user(kind: str, args) -> dict:
     return json.loads(lines[-1])
 
 
-def table(rows: dict, small: int, user_size: int = 0) -> str:
+def table(rows: dict, small: int, user_size: int = 0, idle_ms: float = 5.0) -> str:
     memcpy, tcp = rows["memcpy"]["bulk_gbps"], rows.get("tcp loopback", rows["memcpy"])["bulk_gbps"]
     user_tcp = rows.get("user tcp", {}).get("bulk_gbps")
-    out = [f"{'':16} {'bulk GB/s':>10} {'x TCP':>7} {'% memcpy':>9} {'RTT p50 us':>11} {'RTT p99 us':>11}"]
+    out = [f"{'':16} {'bulk GB/s':>10} {'x TCP':>7} {'% memcpy':>9} {'RTT p50 us':>11} {'RTT p99 us':>11} "
+           f"{'idle RTT p50':>13}"]
+
+    def us(r, key):
+        return f"{r[key]:.1f}" if r.get(key) is not None else "-"
+
     for name, r in rows.items():
-        p50 = f"{r['rtt_p50_us']:.1f}" if r["rtt_p50_us"] is not None else "-"
-        p99 = f"{r['rtt_p99_us']:.1f}" if r["rtt_p99_us"] is not None else "-"
         base = user_tcp if name.startswith("user") and user_tcp else tcp
-        out.append(f"{name:16} {r['bulk_gbps']:10.2f} {r['bulk_gbps'] / base:7.2f} "
-                   f"{100 * r['bulk_gbps'] / memcpy:8.0f}% {p50:>11} {p99:>11}")
-    out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply)")
+        bulk = (f"{r['bulk_gbps']:10.2f} {r['bulk_gbps'] / base:7.2f} {100 * r['bulk_gbps'] / memcpy:8.0f}%"
+                if r["bulk_gbps"] is not None else f"{'-':>10} {'-':>7} {'-':>9}")
+        out.append(f"{name:16} {bulk} {us(r, 'rtt_p50_us'):>11} {us(r, 'rtt_p99_us'):>11} "
+                   f"{us(r, 'idle_rtt_p50_us'):>13}")
+    out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply, "
+               f"back to back; idle RTT: each after {idle_ms:g} ms of silence)")
     if user_size:
         out.append(f"(user: {user_size >> 20} MiB tensor, x.to('remote_accel').cpu() into fresh tensors, "
                    "bytes both ways per second, median round trip; x TCP against user tcp)")
     return "\n".join(out)
+
+
+def _idle_ms(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not 0.1 <= ms <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} ms is outside 0.1..1000")
+    return ms
 
 
 def _kinds(text: str) -> tuple:
@@ -247,6 +281,9 @@ def main(argv=None) -> int:
     p.add_argument("--rtts", type=int, default=20000, help="round trips measured (default 20000)")
     p.add_argument("--small", type=int, default=64, help="round-trip payload bytes (default 64)")
     p.add_argument("--busy-poll", action="store_true", help="DPDK ends never nap (burns both cores)")
+    p.add_argument("--idle-ms", type=_idle_ms, default=5.0,
+                   help="silence before each idle round trip, ms (default 5; 0.1..1000)")
+    p.add_argument("--no-doorbell", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-zero-copy", action="store_true", help="DPDK sends copy payloads into mbufs")
     p.add_argument("--fresh", action="store_true",
                    help="the receiver takes each bulk message into a new buffer (page faults count)")
@@ -261,7 +298,7 @@ def main(argv=None) -> int:
     p.add_argument("--cert", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return peer_main(args.peer, args.busy_poll, args.size, args.fresh, args.cert)
+        return peer_main(args.peer, args.busy_poll, args.size, args.fresh, args.cert, not args.no_doorbell)
     if args.user_peer:
         return user_main(args.user_peer, args.user_size, args.user_rounds)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
@@ -269,6 +306,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
         if "dpdk" in args.only:
             rows["dpdk memif"], dpdk_stats = run_dpdk(args, runtime)
+            if not args.busy_poll:  # the same round trips without doorbells (bulk not repeated)
+                rows["dpdk memif naps"], _ = run_dpdk(args, runtime, doorbell=False, count=0)
         if "tcp" in args.only:
             rows["tcp loopback"] = run_tcp(args, runtime)
         if "tls" in args.only:
@@ -285,7 +324,7 @@ def main(argv=None) -> int:
         print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "user_dpdk_stats": user_stats,
                           "args": vars(args)}, indent=2))
     else:
-        print(table(rows, args.small, args.user_size))
+        print(table(rows, args.small, args.user_size, args.idle_ms))
         if dpdk_stats:
             print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
                   f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "

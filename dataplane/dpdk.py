@@ -58,6 +58,10 @@ class ChannelOptions:
     zero_copy_min: int = 256 << 10 # payloads this long go out as external buffers
     spin: float = 200e-6           # s of polling after traffic before napping
     busy_poll: bool = False        # never nap (benchmarks: burns a core per waiter)
+    # memif/ring: a waiter sleeps until the peer's next frame instead of napping (the
+    # shim's doorbell.c); REMOTE_ACCEL_DPDK_DOORBELL=0 turns it off (to compare, or where
+    # /dev/shm is not shared between the two processes)
+    doorbell: bool = dataclasses.field(default_factory=lambda: os.environ.get("REMOTE_ACCEL_DPDK_DOORBELL", "1") != "0")
     linger: float = 5.0            # s close() keeps retransmitting unacknowledged data
 
     def cdata(self, group: int = 0):
@@ -68,6 +72,7 @@ class ChannelOptions:
         o.zero_copy_min = self.zero_copy_min
         o.spin_ns = int(self.spin * 1e9)
         o.busy_poll = int(self.busy_poll)
+        o.doorbell = int(self.doorbell)
         o.group = group
         return o
 
@@ -212,6 +217,25 @@ class DpdkTransport(Transport):
             rc = lib.shim_conn_send_msg(self._c, self._wire, msg_type, flags, req_id, meta, len(meta), iov, n)
         if rc < 0:
             raise self._fail(rc, "send")
+
+    def send_many(self, messages: Sequence, *, flags: int = 0) -> None:
+        """Send (type, meta, payloads, req_id) messages in order, small ones in one burst:
+        a sync point's flush and its request wake the peer once. Every message is checked
+        before any is sent. Raises as send."""
+        if len(messages) == 1:
+            msg_type, meta, payloads, req_id = messages[0]
+            return self.send(msg_type, meta, payloads, req_id=req_id, flags=flags)
+        for _, meta, payloads, req_id in messages:
+            self._limits.check(len(meta), len(payloads), sum(byte_view(p).nbytes for p in payloads))
+            if not 0 <= req_id < 1 << 32:
+                raise ValueError(f"req_id {req_id} does not fit in 32 bits")
+        self._check_open()
+        lib.shim_conn_cork(self._c, 1)
+        try:
+            for msg_type, meta, payloads, req_id in messages:
+                self.send(msg_type, meta, payloads, req_id=req_id, flags=flags)
+        finally:
+            lib.shim_conn_cork(self._c, 0)  # the burst leaves here
 
     def _send_raw(self, pieces: list) -> None:
         """One message made of these bytes as they are (tests send malformed ones)."""

@@ -43,7 +43,7 @@ shim_conn_send(struct shim_conn *c, const struct shim_iov *iov, int n)
 			return -ENOMEM;
 		zc_init(zc);
 	}
-	waiter_init(&w, &c->o);
+	waiter_init_conn(&w, c);
 	atomic_fetch_add(&p->app_waiters, 1);
 	progress_at = rte_rdtsc();
 	for (int pass = 0;; pass++) {
@@ -78,7 +78,8 @@ shim_conn_send(struct shim_conn *c, const struct shim_iov *iov, int n)
 			if (p->n_txq >= SHIM_BURST)
 				port_flush(p);
 		}
-		work += port_flush(p);
+		if (!c->corked || msg_off != total || zc != NULL)
+			work += port_flush(p);
 		pthread_mutex_unlock(&p->lock);
 		if (rc != 0)
 			break;
@@ -146,7 +147,7 @@ recv_post(struct shim_conn *c, const struct shim_iov *iov, int n)
 		return -EINVAL;
 	if (total == 0)
 		return 0;
-	waiter_init(&w, &c->o);
+	waiter_init_conn(&w, c);
 	pthread_mutex_lock(&p->lock);
 	c->post = iov;
 	c->post_n = n;
@@ -206,7 +207,7 @@ conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_n
 
 	if (c->in_msg)
 		return -EBUSY;  /* the previous message was not read to its end */
-	waiter_init(&w, &c->o);
+	waiter_init_conn(&w, c);
 	atomic_fetch_add(&p->app_waiters, 1);
 	for (;;) {
 		int work;
@@ -275,6 +276,21 @@ shim_conn_recv_discard(struct shim_conn *c)
 	return shim_conn_recv_into(c, &v, 1);
 }
 
+int
+shim_conn_cork(struct shim_conn *c, int on)
+{
+	struct shim_port *p = c->port;
+
+	if (atomic_load(&shim_down))
+		return -ESHUTDOWN;
+	pthread_mutex_lock(&p->lock);
+	c->corked = on != 0;
+	if (!c->corked)
+		port_flush(p);
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
+
 /* -- close, info ------------------------------------------------------------------------ */
 void
 shim_conn_close(struct shim_conn *c, int64_t linger_ns)
@@ -289,6 +305,8 @@ shim_conn_close(struct shim_conn *c, int64_t linger_ns)
 	if (!c->closed_local)
 		conn_begin_close(c, rte_rdtsc(), linger_ns < 0 ? 0 : (uint64_t)linger_ns);
 	pthread_mutex_unlock(&p->lock);
+	if (c->db_own != NULL)
+		db_ring(c->db_own);  /* a thread asleep in recv sees the close now */
 }
 
 void
@@ -326,6 +344,9 @@ shim_conn_stats(struct shim_conn *c, struct shim_conn_stats *out)
 	pthread_mutex_lock(&p->lock);
 	*out = c->st;
 	out->rtt_ns = tsc_to_ns(c->srtt);
+	out->doorbell = c->db_own != NULL && c->db_peer != NULL;
+	out->db_sleeps = __atomic_load_n(&c->db_sleeps, __ATOMIC_RELAXED);
+	out->db_wakeups = __atomic_load_n(&c->db_wakeups, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&p->lock);
 	return 0;
 }

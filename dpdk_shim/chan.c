@@ -157,10 +157,8 @@ on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64
 	if (c != NULL) {
 		if (c->state == CS_CONNECTING)
 			return;  /* our own broadcast, looped back by the link */
-		if (c->state == CS_OPEN) {  /* our ACCEPT was lost */
-			hello_body_fill(c, &b);
-			conn_send_ctrl(c, FT_ACCEPT, 0, &b, sizeof(b), false);
-		}
+		if (c->state == CS_OPEN)  /* our ACCEPT was lost */
+			hello_send(c, FT_ACCEPT, false);
 		return;
 	}
 	if (!p->listening) {
@@ -183,9 +181,9 @@ on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64
 	c->group = p->listen_group;
 	c->last_rx = now;
 	c->data_crc = (f->h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
+	hello_doorbell_read(c, f);
 	conn_attach(p, c);
-	hello_body_fill(c, &b);
-	conn_send_ctrl(c, FT_ACCEPT, 0, &b, sizeof(b), false);
+	hello_send(c, FT_ACCEPT, false);
 	accept_push(c);  /* the queue holds the reference conn_new gave */
 }
 
@@ -221,6 +219,8 @@ on_frame(struct shim_port *p, struct frame *f, uint64_t now)
 			c->data_crc = (h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
 			c->state = CS_OPEN;
 			c->last_rx = now;
+			hello_doorbell_read(c, f);
+			db_unlink(c->db_name);  /* the server mapped it when our HELLO came */
 		}
 		goto done;
 	case FT_RESET:
@@ -237,6 +237,8 @@ on_frame(struct shim_port *p, struct frame *f, uint64_t now)
 		goto done;
 	}
 	c->last_rx = now;
+	if (unlikely(c->db_name[0] != '\0'))
+		db_unlink(c->db_name);  /* the client sends only once it mapped our ACCEPT's */
 	if (h->flags & rte_cpu_to_be_16(FF_WANT_CRC))
 		c->data_crc = true;  /* sticky: the peer's port can corrupt what we send */
 	on_ack(c, h, now);
@@ -259,12 +261,9 @@ done:
 static void
 conn_timers(struct shim_conn *c, uint64_t now)
 {
-	struct hello_body b;
-
 	if (c->state == CS_CONNECTING) {
 		if (now >= c->hello_next) {
-			hello_body_fill(c, &b);
-			conn_send_ctrl(c, FT_HELLO, 0, &b, sizeof(b), true);
+			hello_send(c, FT_HELLO, true);
 			c->hello_next = now + ns_to_tsc(HELLO_EVERY_NS);
 		}
 		return;
@@ -397,6 +396,7 @@ chan_port_poll(struct shim_port *p)
 			rte_pktmbuf_free(pkts[i]);
 		}
 		work += n;
+		__atomic_store_n(&p->rx_count, p->rx_count + n, __ATOMIC_RELEASE);
 		if (n < SHIM_BURST)
 			break;
 	}

@@ -84,6 +84,14 @@ struct shim_conn {
 	int post_n, post_i;
 	uint64_t post_off, post_left;
 	uint64_t last_rx_progress;
+	/* doorbells (doorbell.c; shared-memory ports): ours, which the peer rings when it
+	 * sends to us while we sleep, and the peer's, which we ring */
+	struct doorbell *db_own, *db_peer;
+	uint64_t db_token;
+	char db_name[HELLO_DB_NAME];  /* ours, while it still has a name (unlinked once mapped) */
+	bool db_due;                  /* frames queued for the peer since the last flush */
+	bool corked;                  /* shim_conn_cork: a send queues its frames, no burst */
+	uint64_t db_sleeps, db_wakeups;  /* atomics: waiters count them without the lock */
 	/* accept queue */
 	struct shim_conn *accept_next;
 	int32_t group;
@@ -163,10 +171,26 @@ struct waiter {
 	uint64_t idle_since;
 	uint64_t spin;
 	bool busy;
+	struct shim_port *port;    /* with db: naps become sleeps on the doorbell */
+	struct doorbell *db, *peer;
+	struct shim_conn *conn;
+	uint64_t seen;             /* port->rx_count at the last pause */
 };
 void waiter_init(struct waiter *w, const struct shim_conn_opts *o);
+void waiter_init_conn(struct waiter *w, struct shim_conn *c);
 void waiter_pause(struct waiter *w, uint64_t now, bool progress);
 /* One poll of the port by an application thread; returns frames handled. */
 int app_poll(struct shim_port *p);
+
+/* doorbell.c */
+struct doorbell *db_create(char *name, size_t cap, uint64_t *token);
+struct doorbell *db_open(const char *name, uint64_t token);
+void db_close(struct doorbell *d);
+void db_unlink(char *name);
+void db_ring(struct doorbell *d);
+void db_sleep(struct waiter *w, uint64_t ns);
+void db_spin(struct waiter *w);
+void hello_send(struct shim_conn *c, uint8_t type, bool broadcast);
+void hello_doorbell_read(struct shim_conn *c, const struct frame *f);
 
 #endif

@@ -51,6 +51,8 @@ conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o)
 	c->snd_limit = 64;  /* until the handshake tells the peer's window */
 	c->last_rx = c->last_tx = c->last_ack_progress = port_clock(p);
 	c->group = o->group;
+	if (p->shared_memory && o->doorbell)  /* none is no error: waits nap as on other ports */
+		c->db_own = db_create(c->db_name, sizeof(c->db_name), &c->db_token);
 	return c;
 }
 
@@ -99,6 +101,9 @@ conn_unref(struct shim_conn *c)
 	free_tx(c);
 	for (uint32_t i = 0; i < c->window; i++)
 		rte_pktmbuf_free(c->rx[i].m);
+	db_unlink(c->db_name);
+	db_close(c->db_own);
+	db_close(c->db_peer);
 	free(c->tx);
 	free(c->rx);
 	free(c);
@@ -195,6 +200,7 @@ conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *bo
 		memcpy(rte_pktmbuf_append(m, (uint16_t)len), body, len);
 	h->crc = rte_cpu_to_be_32(frame_crc(h, h + 1, len));
 	c->last_tx = p->clock;
+	c->db_due = true;
 	if (type == FT_ACK)
 		p->st.tx_acks++;
 	else if (type == FT_KEEPALIVE)
@@ -348,6 +354,7 @@ conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now)
 		c->last_ack_progress = now;  /* the stall clock starts with the first frame out */
 	c->snd_nxt++;
 	c->last_tx = now;
+	c->db_due = true;
 	c->st.tx_frames++;
 	port_queue(c->port, m);
 }
@@ -375,6 +382,7 @@ retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now)
 	s->sent = now;
 	s->n_tx++;
 	c->last_tx = now;
+	c->db_due = true;
 	c->port->st.tx_retransmits++;
 	c->st.tx_retransmits++;
 }

@@ -31,6 +31,7 @@ shim_conn_opts_default(struct shim_conn_opts *o)
 	o->spin_ns = 200000;
 	o->busy_poll = 0;
 	o->group = 0;
+	o->doorbell = 1;
 }
 
 /* DPDK 22.11's memif server panics in its interrupt thread (or, once the fd number is

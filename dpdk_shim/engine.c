@@ -12,7 +12,10 @@
  * after traffic, doubling up to 16 ms when idle. Waiting application threads spin
  * for `spin_ns` after the last traffic, then yield, then sleep a sixteenth of the
  * idle time (10 us .. 16 ms), so a long wait costs little CPU and a reply after a
- * long computation is late by at most ~6%. `busy_poll` spins without end (benchmarks).
+ * long computation is late by at most ~6%. On memif and ring ports a waiter sleeps on
+ * its connection's doorbell instead (doorbell.c): the same sleep, ended at once by the
+ * peer's next frame, and its spin yields only while the peer shares its core.
+ * `busy_poll` spins without end (benchmarks).
  * The caps are for many idle clients on few cores: a server's session threads each
  * wait on their own memif port, and with 1 ms caps 16 idle clients and their server
  * cost about 17% of a core on a 2-core VM (TCP: 1%). A message after 16 ms of silence
@@ -125,6 +128,23 @@ waiter_init(struct waiter *w, const struct shim_conn_opts *o)
 	w->idle_since = rte_rdtsc();
 	w->spin = ns_to_tsc(o->spin_ns);
 	w->busy = o->busy_poll != 0;
+	w->port = NULL;
+	w->db = w->peer = NULL;
+	w->seen = UINT64_MAX;  /* the first pause only looks */
+}
+
+/* A waiter for this connection: its naps sleep on the connection's doorbell, so the
+ * peer's next frame ends them. */
+void
+waiter_init_conn(struct waiter *w, struct shim_conn *c)
+{
+	waiter_init(w, &c->o);
+	if (c->db_own != NULL) {
+		w->port = c->port;
+		w->db = c->db_own;
+		w->peer = c->db_peer;
+		w->conn = c;
+	}
 }
 
 void
@@ -141,14 +161,20 @@ waiter_pause(struct waiter *w, uint64_t now, bool progress)
 		return;
 	}
 	idle = (int64_t)(now - w->idle_since);  /* now may come from another core's tsc */
-	if (idle < (int64_t)w->spin / 4) {
+	if (w->peer != NULL && idle < (int64_t)w->spin) {
+		db_spin(w);  /* pause, or yield to the peer where it runs on this core */
+	} else if (idle < (int64_t)w->spin / 4) {
 		rte_pause();
 	} else if (idle < (int64_t)w->spin) {
 		sched_yield();  /* let the peer's thread have this core if it wants it */
 	} else {
 		uint64_t ns = tsc_to_ns((uint64_t)idle) / 16;
 
-		nap(RTE_MAX(SLEEP_MIN_NS, RTE_MIN(SLEEP_MAX_NS, ns)));
+		ns = RTE_MAX(SLEEP_MIN_NS, RTE_MIN(SLEEP_MAX_NS, ns));
+		if (w->db != NULL)
+			db_sleep(w, ns);  /* the same nap, cut short by the peer's next frame */
+		else
+			nap(ns);
 	}
 }
 

@@ -330,6 +330,8 @@ port_flush(struct shim_port *p)
 	if (off > 0 && off < p->n_txq)
 		memmove(p->txq, p->txq + off, sizeof(p->txq[0]) * (size_t)(p->n_txq - off));
 	p->n_txq -= off;
+	if (off > 0 && p->shared_memory)
+		db_ring_due(p);  /* wake the peers that sleep waiting for these frames */
 	return off;
 }
 

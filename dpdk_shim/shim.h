@@ -124,6 +124,7 @@ struct shim_conn_opts {
 	uint64_t spin_ns;           /* poll this long after the last traffic before sleeping */
 	int32_t busy_poll;          /* 1: never sleep (benchmarks; burns a core per waiter) */
 	int32_t group;              /* listen group a server connection is accepted into */
+	int32_t doorbell;           /* 1: on memif/ring, sleep on a doorbell the peer rings (doorbell.c) */
 };
 
 struct shim_conn_info {
@@ -141,6 +142,9 @@ struct shim_conn_stats {
 	uint64_t rx_messages, rx_bytes, rx_frames, rx_dup, rx_out_of_order;
 	uint64_t rtt_ns;            /* smoothed round-trip time */
 	uint64_t tx_no_crc_frames;  /* DATA frames whose chunk the CRC left out (memif, ring) */
+	uint64_t doorbell;          /* 1: both ends' doorbells are mapped (waits end on the peer's frame) */
+	uint64_t db_sleeps;         /* waits that slept on our doorbell */
+	uint64_t db_wakeups;        /* ... and were woken by the peer (or a local close), not by time */
 };
 
 void shim_conn_opts_default(struct shim_conn_opts *opts);
@@ -164,6 +168,9 @@ int shim_conn_recv_discard(struct shim_conn *c);
 /* Closed here: later calls and blocked callers get -ESHUTDOWN; unacknowledged data
  * keeps being retransmitted in the background for up to linger_ns, then GOODBYE. */
 void shim_conn_close(struct shim_conn *c, int64_t linger_ns);
+/* 1: sends queue a small message's frames without sending the burst, so several
+ * messages leave in one burst and wake the peer once; 0: send what is queued. */
+int shim_conn_cork(struct shim_conn *c, int on);
 /* Drop the caller's reference (after close); memory goes when the poll thread is done. */
 void shim_conn_free(struct shim_conn *c);
 int shim_conn_info(struct shim_conn *c, struct shim_conn_info *out);

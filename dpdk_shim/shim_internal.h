@@ -75,6 +75,16 @@ struct hello_body {
 	rte_be64_t peer_timeout_ns;
 } __attribute__((packed));
 
+/* After the hello_body, on shared-memory ports: the sender's doorbell (doorbell.c).
+ * A receiver that does not know it reads only the hello_body. */
+#define HELLO_DB_MAGIC 0x44424c31u  /* "DBL1" */
+#define HELLO_DB_NAME 48
+struct hello_doorbell {
+	rte_be32_t magic;
+	rte_be64_t token;
+	char name[HELLO_DB_NAME];  /* NUL-terminated */
+} __attribute__((packed));
+
 #define L2L4_LEN (RTE_ETHER_HDR_LEN + 20 + 8)
 #define FRAME_OVERHEAD (L2L4_LEN + (int)sizeof(struct frame_hdr))
 
@@ -121,6 +131,7 @@ struct shim_port {
 	atomic_int app_waiters;    /* threads polling this port themselves */
 	uint64_t next_link_check;
 	uint64_t clock;            /* tsc, never going back (threads' rdtsc may differ) */
+	uint64_t rx_count;         /* frames taken off the port, by any thread (doorbell.c) */
 	struct rte_mbuf *txq[SHIM_TXQ_CAP];
 	int n_txq;
 	struct fault_stage fault[2];
@@ -166,6 +177,9 @@ uint16_t port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t n);
 bool port_check_link(struct shim_port *p, uint64_t now);  /* true: the link just went down */
 struct rte_mempool *shim_pool_for(uint32_t max_frame, uint32_t n_mbufs);
 struct rte_mempool *shim_pool_at(int i);  /* NULL past the last pool */
+
+/* doorbell.c: port lock held, after a burst went out: wake the peers asleep for it */
+void db_ring_due(struct shim_port *p);
 
 /* guard.c: bursts that survive memif unmapping its regions under them */
 void guard_init(void);
