@@ -192,10 +192,14 @@ def graph_key(nodes: tuple, outputs: tuple, n_inputs: int) -> str:
     return hashlib.sha256(codec.encode((n_inputs, tuple(nodes), tuple(outputs)))).hexdigest()
 
 
+def value_signature(a: Any) -> tuple:
+    """What Dynamo guards on, roughly: a new signature may mean a recompilation. A storage
+    reference's is (dtype, shape, stride, flags), taken from the reference (Executor)."""
+    return (a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+
+
 def _signature(args: tuple) -> tuple:
-    """What Dynamo guards on, roughly: a new signature may mean a recompilation."""
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-                 for a in args)
+    return tuple(value_signature(a) for a in args)
 
 
 def _warm_copy(a: Any) -> Any:
@@ -259,12 +263,15 @@ class GraphCompiler:
         return entry
 
     # -- running ----------------------------------------------------------------------------------
-    def run(self, entry: CompiledGraph, inputs: list, extras: list, generators, replay: Callable[[], Any]) -> Any:
-        """The graph's outputs from its compiled code; `replay()`'s until that is ready, or where it fails."""
+    def run(self, entry: CompiledGraph, inputs: list, extras: list, generators, replay: Callable[[], Any],
+            sig: Optional[tuple] = None) -> Any:
+        """The graph's outputs from its compiled code; `replay()`'s until that is ready, or where it fails.
+        `sig`: the inputs' signature, where the caller has it (see value_signature)."""
         args = (*inputs, *extras)
         fn = None
         if entry.failed is None:
-            sig = _signature(args)
+            if sig is None:
+                sig = _signature(args)
             fn = entry.ready.get(sig)
             if fn is None:
                 self._schedule(entry, sig, args)
