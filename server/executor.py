@@ -326,7 +326,7 @@ class Executor:
                     and storage.nbytes() == (need if existing is None else existing.nbytes())
                     and (existing is None or existing.data_ptr() not in inputs)):
                 taken.add(ptr)
-                self.table.put(ref.sid, storage)
+                self.table.put(ref.sid, value)
                 continue
             if existing is None:
                 self.table.alloc(ref.sid, need)
