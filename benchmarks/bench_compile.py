@@ -47,7 +47,8 @@ def _step_fn(model, device, compiled, backend="remote_accel", optimizer=False, o
     `optimizer`: AdamW's step too (one more graph, instead of its eager ops);
     `opt_step_too` False: forward and backward only (what the optimizer's step costs)."""
     torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # compiled: step counts on the device (capturable), so the server updates them in place
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=optimizer)
     x = torch.randint(0, 1000, (8, 32)).to(device)
     y = torch.randint(0, 10, (8,)).to(device)
     forward = torch.compile(model, backend=backend) if compiled else model

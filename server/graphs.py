@@ -93,6 +93,14 @@ class CompiledGraph:
         self.failed: Optional[str] = None
         self.compiles = 0  # Inductor compilations, recompilations included
         self.cudagraphs = False
+        # writes its inputs in place (a compiled optimizer step): a compiled run that fails
+        # may have written some of them, so it is not replayed on top
+        self.mutates = any(_mutable(node[0]) for node in nodes)
+
+
+def _mutable(name: str) -> bool:
+    schema = getattr(ops.resolve(name).fn, "_schema", None)
+    return schema is not None and schema.is_mutable
 
 
 def _device_of(payload: Any, device: torch.device) -> torch.device:
@@ -285,6 +293,9 @@ class GraphCompiler:
             else:
                 out = fn(*args)
         except Exception as exc:
+            if entry.mutates:  # its inputs may be half written: a replay would apply it twice
+                self._give_up(entry, exc)
+                raise
             out = replay()  # raises the graph's own error if it has one, not its compiler's
             self._give_up(entry, exc)
             return out
