@@ -7,7 +7,8 @@ The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128
 one thread: OpenMP's spinning threads swing the former on a shared 2-core host), local
 Inductor, and the model `torch.compile(backend="remote_accel")`d with the server
 replaying its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0), running them compiled
-by Inductor, and with AdamW's step compiled too. Remote steps are timed once the server
+by Inductor, and with AdamW's step compiled too; and forward + backward alone (no
+optimizer step), local and remote, for what AdamW's step costs. Remote steps are timed once the server
 has compiled every graph. The server runs on CPU (or on $REMOTE_ACCEL_TEST_DEVICE);
 compile times are in its log."""
 
@@ -41,11 +42,13 @@ class TinyTransformer(nn.Module):
         return self.head(self.encoder(self.embed(x)).mean(dim=1))
 
 
-def _step_fn(model, device, compiled, backend="remote_accel", optimizer=False):
+def _step_fn(model, device, compiled, backend="remote_accel", optimizer=False, opt_step_too=True):
     """A training step; `compiled`: the model through torch.compile with `backend`,
-    `optimizer`: AdamW's step too (one more graph, instead of its eager ops)."""
+    `optimizer`: AdamW's step too (one more graph, instead of its eager ops);
+    `opt_step_too` False: forward and backward only (what the optimizer's step costs)."""
     torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # compiled: step counts on the device (capturable), so the server updates them in place
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=optimizer)
     x = torch.randint(0, 1000, (8, 32)).to(device)
     y = torch.randint(0, 10, (8,)).to(device)
     forward = torch.compile(model, backend=backend) if compiled else model
@@ -55,7 +58,8 @@ def _step_fn(model, device, compiled, backend="remote_accel", optimizer=False):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(forward(x), y)
         loss.backward()
-        opt_step()
+        if opt_step_too:
+            opt_step()
         return loss.item()
 
     return step
@@ -84,7 +88,8 @@ def wait_for_compiles(session) -> None:
         time.sleep(1.0)
 
 
-def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False) -> tuple[float, dict]:
+def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False,
+                 opt_step_too: bool = True) -> tuple[float, dict]:
     env = {"REMOTE_ACCEL_COMPILE_GRAPHS": "1" if compile_graphs else "0"}
     with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", env=env) as server:
         host, port = server.tcp
@@ -93,7 +98,8 @@ def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimi
         remote_accel.init(transport=transport, server=f"{host}:{port}", token=server.token, timeout=120)
         torch._dynamo.reset()
         session = runtime.sessions()[0]
-        step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel", compiled=True, optimizer=optimizer)
+        step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel", compiled=True, optimizer=optimizer,
+                        opt_step_too=opt_step_too)
         step()  # sends the graphs; the server compiles them in the background
         if compile_graphs:
             wait_for_compiles(session)
@@ -114,17 +120,23 @@ def main() -> int:
     replayed, _ = _remote_step(model, args.transport, args.steps, compile_graphs=False)
     compiled, stats = _remote_step(model, args.transport, args.steps, compile_graphs=True)
     with_opt, opt_stats = _remote_step(model, args.transport, args.steps, compile_graphs=True, optimizer=True)
+    no_opt, _ = _remote_step(model, args.transport, args.steps, compile_graphs=True, opt_step_too=False)
     local = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False), args.steps)
+    local_no_opt = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False, opt_step_too=False), args.steps,
+                         threads=1)
     local_compiled = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=True, backend="inductor"), args.steps)
     local_1 = _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False), args.steps, threads=1)
     rows = (("local eager CPU", local), ("local eager CPU, 1 thread", local_1),
             ("local compiled CPU (Inductor, model)", local_compiled),
             ("remote compiled model, graphs replayed", replayed),
             ("remote compiled model, graphs compiled", compiled),
-            ("remote compiled model and AdamW step", with_opt))
+            ("remote compiled model and AdamW step", with_opt),
+            ("local eager CPU, 1 thread, no optimizer step", local_no_opt),
+            ("remote compiled model, no optimizer step", no_opt))
     print(f"transport: {args.transport}; tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps")
     for name, seconds in rows:
-        print(f"step time {name + ':':40s} {seconds * 1e3:8.2f} ms  ({seconds / local:.2f}x local eager)")
+        print(f"step time {name + ':':46s} {seconds * 1e3:8.2f} ms  ({seconds / local:.2f}x local eager, "
+              f"{seconds / local_1:.2f}x on 1 thread)")
     print(f"server graph figures: {stats}; with the optimizer: {opt_stats}")
     return 0
 

@@ -163,7 +163,23 @@ def _compile(gm: torch.fx.GraphModule, example_inputs):
 def backend():
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_compile, bw_compiler=_compile)
+    # Inference graphs (a compiled optimizer step, anything under no_grad) write the inputs
+    # they mutate themselves, with copy_ nodes the server runs in place: otherwise AOT's
+    # wrapper copies every new value back on the client, one eager op each (AdamW: three a
+    # parameter, which cost more than the whole graph). Only where every tensor input is
+    # on the server: of a CPU input (AdamW's step counts, unless capturable=True) the
+    # server has a copy, so its new value must come back through AOT's wrapper.
+    in_graph = aot_autograd(fw_compiler=_compile, bw_compiler=_compile, keep_inference_input_mutations=True)
+    on_client = aot_autograd(fw_compiler=_compile, bw_compiler=_compile)
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        # Dynamo installs a compiled optimizer's state as attributes of the module
+        attrs = [operator.attrgetter(n.target)(gm) for n in gm.graph.nodes if n.op == "get_attr"]
+        if any(isinstance(t, torch.Tensor) and t.device.type != "remote_accel" for t in (*example_inputs, *attrs)):
+            return on_client(gm, example_inputs)
+        return in_graph(gm, example_inputs)
+
+    return compile_graph
 
 
 def register_backend() -> None:

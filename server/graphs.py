@@ -93,6 +93,14 @@ class CompiledGraph:
         self.failed: Optional[str] = None
         self.compiles = 0  # Inductor compilations, recompilations included
         self.cudagraphs = False
+        # writes its inputs in place (a compiled optimizer step): a compiled run that fails
+        # may have written some of them, so it is not replayed on top
+        self.mutates = any(_mutable(node[0]) for node in nodes)
+
+
+def _mutable(name: str) -> bool:
+    schema = getattr(ops.resolve(name).fn, "_schema", None)
+    return schema is not None and schema.is_mutable
 
 
 def _device_of(payload: Any, device: torch.device) -> torch.device:
@@ -192,10 +200,14 @@ def graph_key(nodes: tuple, outputs: tuple, n_inputs: int) -> str:
     return hashlib.sha256(codec.encode((n_inputs, tuple(nodes), tuple(outputs)))).hexdigest()
 
 
+def value_signature(a: Any) -> tuple:
+    """What Dynamo guards on, roughly: a new signature may mean a recompilation. A storage
+    reference's is (dtype, shape, stride, flags), taken from the reference (Executor)."""
+    return (a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+
+
 def _signature(args: tuple) -> tuple:
-    """What Dynamo guards on, roughly: a new signature may mean a recompilation."""
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-                 for a in args)
+    return tuple(value_signature(a) for a in args)
 
 
 def _warm_copy(a: Any) -> Any:
@@ -259,12 +271,15 @@ class GraphCompiler:
         return entry
 
     # -- running ----------------------------------------------------------------------------------
-    def run(self, entry: CompiledGraph, inputs: list, extras: list, generators, replay: Callable[[], Any]) -> Any:
-        """The graph's outputs from its compiled code; `replay()`'s until that is ready, or where it fails."""
+    def run(self, entry: CompiledGraph, inputs: list, extras: list, generators, replay: Callable[[], Any],
+            sig: Optional[tuple] = None) -> Any:
+        """The graph's outputs from its compiled code; `replay()`'s until that is ready, or where it fails.
+        `sig`: the inputs' signature, where the caller has it (see value_signature)."""
         args = (*inputs, *extras)
         fn = None
         if entry.failed is None:
-            sig = _signature(args)
+            if sig is None:
+                sig = _signature(args)
             fn = entry.ready.get(sig)
             if fn is None:
                 self._schedule(entry, sig, args)
@@ -278,6 +293,9 @@ class GraphCompiler:
             else:
                 out = fn(*args)
         except Exception as exc:
+            if entry.mutates:  # its inputs may be half written: a replay would apply it twice
+                self._give_up(entry, exc)
+                raise
             out = replay()  # raises the graph's own error if it has one, not its compiler's
             self._give_up(entry, exc)
             return out
@@ -311,10 +329,10 @@ class GraphCompiler:
                 event.synchronize()
             compiles = entry.compiles
             try:
-                fn = self._callable(entry)
+                fn = self._callable(entry, copies)
                 self._warming.on = True
                 try:
-                    fn(*copies)  # compiles (or recompiles) for this signature
+                    fn(*copies)  # dynamic: compiles for this signature; static: a first run
                 finally:
                     self._warming.on = False
             except Exception as exc:
@@ -329,18 +347,21 @@ class GraphCompiler:
                     self.counters["graphs_compiled"] += 1
             del copies
 
-    def _callable(self, entry: CompiledGraph) -> Callable:
-        """torch.compile of a module of its own (Dynamo keys its cache by code object)."""
-        if entry.static_compiles >= STATIC_SIGNATURES and entry.dynamic_fn is not None:
-            return entry.dynamic_fn
-        gm, _, _ = build(entry.nodes, entry.outputs, entry.n_inputs, self.device.device)
-        dynamic = entry.static_compiles >= STATIC_SIGNATURES
-        fn = torch.compile(gm, backend=functools.partial(self._inductor, entry), dynamic=True if dynamic else False)
-        if dynamic:
-            entry.dynamic_fn = fn
-        else:
+    def _callable(self, entry: CompiledGraph, copies: tuple) -> Callable:
+        """Code for the signature of `copies`. Static shapes: Inductor straight on the graph,
+        which already is aten ops; Dynamo's guards and wrappers cost about 0.25 ms a call on
+        a tiny Transformer's graphs, and run() keys the code by the inputs' signature, which
+        checks more than those guards (shapes, strides, dtypes, devices, plain values).
+        Dynamic shapes: torch.compile of a module of its own (Dynamo keys its cache by
+        code object), whose guards pick the code for each call."""
+        if entry.static_compiles < STATIC_SIGNATURES:
+            gm, _, _ = build(entry.nodes, entry.outputs, entry.n_inputs, self.device.device)
             entry.static_compiles += 1
-        return fn
+            return self._inductor(entry, gm, list(copies))
+        if entry.dynamic_fn is None:
+            gm, _, _ = build(entry.nodes, entry.outputs, entry.n_inputs, self.device.device)
+            entry.dynamic_fn = torch.compile(gm, backend=functools.partial(self._inductor, entry), dynamic=True)
+        return entry.dynamic_fn
 
     def _inductor(self, entry: CompiledGraph, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Dynamo's backend: Inductor, with CUDA graphs where the device and shapes allow."""

@@ -46,17 +46,19 @@ class TensorRef(NamedTuple):
 
 def parse_ref(value: Any) -> TensorRef:
     """The payload of a torch_values.TENSOR value, type-checked; ProtocolError otherwise."""
-    try:
-        return _parse_cached(value)
-    except TypeError:  # unhashable (lists inside): not worth caching, and malformed anyway
-        return _parse(value)
-
-
-def _parse(value: Any) -> TensorRef:
-    if type(value) is not tuple or len(value) != 6:
+    if type(value) is not tuple or len(value) != 6 or type(value[0]) is not int:
         raise ProtocolError("malformed tensor reference")
-    sid, dtype, shape, stride, offset, flags = value
-    if type(sid) is not int or type(offset) is not int or offset < 0 or type(flags) is not int:
+    try:
+        layout = _parse_cached(value[1:])
+    except TypeError:  # unhashable (lists inside): not worth caching, and malformed anyway
+        layout = _parse(value[1:])
+    return TensorRef(value[0], *layout)
+
+
+def _parse(layout: Any) -> tuple:
+    """A reference's layout (all but its storage id) checked: the TensorRef fields after sid."""
+    dtype, shape, stride, offset, flags = layout
+    if type(offset) is not int or offset < 0 or type(flags) is not int:
         raise ProtocolError("malformed tensor reference")
     if flags & ~(torch_values.FLAG_CONJ | torch_values.FLAG_NEG):
         raise ProtocolError(f"unknown tensor flags {flags:#x}")
@@ -65,12 +67,14 @@ def _parse(value: Any) -> TensorRef:
     if len(stride) != len(shape):
         raise ProtocolError(f"stride {stride} does not match shape {shape}")
     dtype = torch_values.dtype_from_name(dtype)
-    return TensorRef(sid, dtype, shape, stride, offset, flags, span_bytes(shape, stride, offset, dtype.itemsize))
+    return dtype, shape, stride, offset, flags, span_bytes(shape, stride, offset, dtype.itemsize)
 
 
-# A client names the same few views over and over (weights, activations): checking a
-# reference costs more than the op it feeds on small tensors, and the check depends on
-# the reference alone. Errors are not cached (lru_cache lets them through).
+# A client names the same few layouts over and over (weights, activations, fresh outputs
+# of a graph): checking one costs more than the op it feeds on small tensors, and the
+# check depends on the layout alone, not on the storage id (keyed by the whole reference,
+# a graph's fresh outputs would push the weights out). Errors are not cached (lru_cache
+# lets them through).
 _parse_cached = functools.lru_cache(maxsize=4096)(_parse)
 
 
@@ -152,11 +156,14 @@ class StorageTable:
         self.check_fits(nbytes)
         self.native.alloc(sid, nbytes)
 
-    def put(self, sid: int, storage: torch.UntypedStorage, replace: bool = True) -> None:
-        """Keep an op's result storage under `sid`, in place of what `sid` held if
-        `replace`; the caller has checked the limit (check_fits) beforehand."""
+    def put(self, sid: int, storage: "torch.UntypedStorage | torch.Tensor", replace: bool = True) -> None:
+        """Keep an op's result storage (or a tensor's whole storage) under `sid`, in place
+        of what `sid` held if `replace`; the caller has checked the limit (check_fits) beforehand."""
         if not (replace and sid in self):
             self._check_new(sid)
+        if isinstance(storage, torch.Tensor):  # C++ keeps the tensor's storage: no uint8 view needed
+            self.native.put(sid, storage, replace)
+            return
         whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
         self.native.put(sid, whole, replace)
 

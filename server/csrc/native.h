@@ -190,8 +190,9 @@ class Executor {
   size_t batch_size() const { return items_.size(); }
   const std::string& batch_meta() const { return meta_; }
 
- private:
   at::Tensor view(const c10::Storage& storage, const Layout& layout) const;
+
+ private:
   const c10::Storage& input(int64_t sid, const Layout& layout, c10::Storage& scratch);
   void bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,
             const std::vector<int64_t>& touched);

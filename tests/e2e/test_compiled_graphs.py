@@ -130,3 +130,47 @@ def test_failed_compile_falls_back_to_replay(remote):
     assert _graph_stats()["graph_runs_replayed"] == 3
     with open(remote.log_file) as f:
         assert f.read().count("failed to compile and is replayed") == 1
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_compiled_optimizer_step_writes_its_state_on_the_server(remote, capturable):
+    """A compiled AdamW step is an inference graph that mutates its inputs: with its step
+    counts on the device (capturable) the server writes parameters and state in place
+    (replayed, then compiled) and the client sends no copy per tensor; with CPU step
+    counts their new values come back to the client. Either way the parameters follow
+    CPU's step for step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    remote_model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    remote_model.load_state_dict(model.state_dict())
+    remote_model.to("remote_accel")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    remote_opt = torch.optim.AdamW(remote_model.parameters(), lr=0.05, capturable=capturable)
+    step = torch.compile(remote_opt.step, backend="remote_accel")
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+    session = runtime.sessions()[0]
+    calls: list = []
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            for m, o, xs, ys in ((model, opt, x, y), (remote_model, remote_opt, x.to("remote_accel"),
+                                                       y.to("remote_accel"))):
+                o.zero_grad()
+                nn.functional.mse_loss(m(xs), ys).backward()
+            opt.step()
+            session.flush()
+            ops = session.counters["ops"]
+            step()
+            session.flush()
+            if capturable and remote_opt.state and calls:  # the first call makes the state, eagerly
+                assert session.counters["ops"] - ops < 4  # not one copy_ per parameter and state tensor
+            calls.append(1)
+            for p, q in zip(model.parameters(), remote_model.parameters()):
+                torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+
+    train(2)  # replayed while the server compiles
+    stats = _wait_for_compiles(1)
+    assert stats["graph_compile_failures"] == 0, stats
+    before = _graph_stats()["graph_runs_compiled"]
+    train(2)
+    assert _graph_stats()["graph_runs_compiled"] > before
