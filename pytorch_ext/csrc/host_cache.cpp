@@ -13,6 +13,7 @@
 // handed to the user only once every byte of it was written by the download; a failed
 // download drops the tensor and its block goes back.
 #include "host_cache.h"
+#include "host_pages.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_to_copy_native.h>
@@ -30,7 +31,7 @@
 namespace remote_accel {
 namespace {
 
-constexpr size_t kGranule = 2 << 20;  // one huge page: blocks are sized and aligned by it
+constexpr size_t kGranule = kHugePage;  // blocks are sized and aligned by it
 // A cached block serves a request down to this fraction of its size (the rest is unused).
 constexpr size_t kSlackNum = 5, kSlackDen = 4;
 
@@ -135,29 +136,9 @@ void release(void* ctx) {
 }
 
 Block* map_block(size_t size) {
-  // Reserve one granule more to place the block on a 2 MiB boundary (THP needs it).
-  void* raw = mmap(nullptr, size + kGranule, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) {
+  void* ptr = map_prefaulted(size);
+  if (ptr == nullptr) {
     return nullptr;
-  }
-  const auto addr = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t start = (addr + kGranule - 1) & ~static_cast<uintptr_t>(kGranule - 1);
-  if (start > addr) {
-    munmap(raw, start - addr);
-  }
-  const size_t tail = (addr + size + kGranule) - (start + size);
-  if (tail) {
-    munmap(reinterpret_cast<void*>(start + size), tail);
-  }
-  void* ptr = reinterpret_cast<void*>(start);
-  madvise(ptr, size, MADV_HUGEPAGE);  // a hint: THP may be off, the block still works
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(ptr, size, MADV_POPULATE_WRITE) != 0)  // Linux < 5.14: touch every page
-#endif
-  {
-    for (size_t off = 0; off < size; off += 4096) {
-      static_cast<volatile char*>(ptr)[off] = 0;
-    }
   }
   auto* b = new Block{ptr, size};
   cache().mapped(b);
