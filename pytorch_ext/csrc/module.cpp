@@ -3,6 +3,7 @@
 // Every other aten op on a remote_accel tensor reaches the boxed fallback (op_fallback.cpp),
 // which the Python side installs with its half of the work.
 #include "device.h"
+#include "host_cache.h"
 #include "op_queue.h"
 
 #include <ATen/EmptyTensor.h>
@@ -244,6 +245,20 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device_index"), "Ids of freed storages the server knows about, oldest first.");
   m.def("plan_stats", &ra::plan_stats, "(plans cached, calls served from them) since the last clear_plans().");
   m.def("clear_plans", &ra::clear_plans, "Forget every cached plan (their server may have changed).");
+
+  m.def("host_cache_stats", [] {
+          const auto s = ra::host_cache_stats();
+          py::dict d;
+          d["cached_bytes"] = s.cached_bytes;
+          d["live_bytes"] = s.live_bytes;
+          d["limit_bytes"] = s.limit_bytes;
+          d["hits"] = s.hits;
+          d["misses"] = s.misses;
+          d["released"] = s.released;
+          return d;
+        }, "The host cache of large .cpu() results: cached_bytes, live_bytes, limit_bytes, hits, misses, released.");
+  m.def("host_cache_empty", &ra::host_cache_empty, py::arg("limit") = py::none(),
+        "Unmap the host cache's free blocks; with `limit`, keep at most that many bytes from now on (0: off).");
 
   m.attr("MAX_DEVICES") = ra::kMaxDevices;
   m.def("set_device_count", &ra::set_device_count, py::arg("count"));

@@ -7,6 +7,7 @@
 // memory 4-5x slower than into touched memory. A block taken from the cache was faulted
 // in once (MAP_POPULATE, on 2 MiB pages where THP allows) and is simply written again.
 #include "host_blocks.h"
+#include "host_pages.h"
 
 #include <sys/mman.h>
 
@@ -22,7 +23,7 @@ namespace remote_accel::server {
 namespace {
 
 constexpr size_t kMinBytes = 1 << 20;   // smaller storages: malloc is fine (its own free lists)
-constexpr size_t kGranule = 2 << 20;    // one huge page
+constexpr size_t kGranule = kHugePage;
 // A cached block serves a request down to this fraction of its size (the rest is unused).
 constexpr size_t kSlackNum = 5, kSlackDen = 4;
 
@@ -120,31 +121,8 @@ void release(void* ctx) {
 }
 
 Block* map_block(size_t size, uint64_t owner) {
-  // Reserve one granule more to place the block on a 2 MiB boundary (THP needs it).
-  void* raw = mmap(nullptr, size + kGranule, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) {
-    return nullptr;
-  }
-  auto addr = reinterpret_cast<uintptr_t>(raw);
-  uintptr_t start = (addr + kGranule - 1) & ~(uintptr_t)(kGranule - 1);
-  if (start > addr) {
-    munmap(raw, start - addr);
-  }
-  size_t tail = (addr + size + kGranule) - (start + size);
-  if (tail) {
-    munmap(reinterpret_cast<void*>(start + size), tail);
-  }
-  void* ptr = reinterpret_cast<void*>(start);
-  madvise(ptr, size, MADV_HUGEPAGE);  // a hint: THP may be off, the block still works
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(ptr, size, MADV_POPULATE_WRITE) != 0)  // Linux < 5.14: touch every page
-#endif
-  {
-    for (size_t off = 0; off < size; off += 4096) {
-      static_cast<volatile char*>(ptr)[off] = 0;
-    }
-  }
-  return new Block{ptr, size, owner};
+  void* ptr = map_prefaulted(size);
+  return ptr == nullptr ? nullptr : new Block{ptr, size, owner};
 }
 
 }  // namespace

@@ -1,0 +1,224 @@
+// Host memory for large `.cpu()` results: pre-faulted, huge-page-backed blocks that a
+// freed result hands back for the next one (as CUDA's pinned-memory host allocator caches
+// blocks; the server does the same for its storages, server/csrc/host_blocks.cpp).
+//
+// Why: a training loop downloads a fresh tensor every step. Fresh memory from malloc is
+// mmap'd and untouched, so the kernel zeroes every page of it (a page fault per 4 KiB, or
+// one MADV_POPULATE_WRITE call that zeroes them all) before the bytes can land, and unmaps
+// it again when the tensor dies: zeroing alone was 11% of the client's profile of a 256
+// MiB round trip. A cached block was faulted in once and is simply written again.
+//
+// Safety: a block is in the free list only after the storage that held it died (the
+// DataPtr's deleter puts it there), so two live tensors never share a block. A result is
+// handed to the user only once every byte of it was written by the download; a failed
+// download drops the tensor and its block goes back.
+#include "host_cache.h"
+#include "host_pages.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_to_copy_native.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace remote_accel {
+namespace {
+
+constexpr size_t kGranule = kHugePage;  // blocks are sized and aligned by it
+// A cached block serves a request down to this fraction of its size (the rest is unused).
+constexpr size_t kSlackNum = 5, kSlackDen = 4;
+
+struct Block {
+  void* ptr;
+  size_t size;
+};
+
+class Cache {
+ public:
+  Cache() {
+    // REMOTE_ACCEL_CLIENT_CACHE_MB: bytes of free blocks kept for reuse (0: no caching,
+    // every large result is plain malloc'd memory as before)
+    const char* env = std::getenv("REMOTE_ACCEL_CLIENT_CACHE_MB");
+    cap_ = (env ? std::strtoull(env, nullptr, 10) : 1024ull) << 20;
+  }
+
+  bool enabled() {
+    std::lock_guard<std::mutex> g(mu_);
+    return cap_ > 0;
+  }
+
+  Block* take(size_t size) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = free_.lower_bound(size);
+    if (it == free_.end() || it->first > size * kSlackNum / kSlackDen) {
+      ++misses_;
+      return nullptr;
+    }
+    Block* b = it->second;
+    free_.erase(it);
+    cached_ -= b->size;
+    live_ += b->size;
+    ++hits_;
+    return b;
+  }
+
+  void mapped(Block* b) {
+    std::lock_guard<std::mutex> g(mu_);
+    live_ += b->size;
+  }
+
+  // Keeps `b` for reuse while the cache has room; false: the caller unmaps it.
+  bool give(Block* b) {
+    std::lock_guard<std::mutex> g(mu_);
+    live_ -= b->size;
+    if (cached_ + b->size > cap_) {
+      ++released_;
+      return false;
+    }
+    free_.emplace(b->size, b);
+    cached_ += b->size;
+    return true;
+  }
+
+  // Drops every cached block (and, with `cap`, sets the bytes kept from now on).
+  std::vector<Block*> trim(std::optional<size_t> cap) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (cap) {
+      cap_ = *cap;
+    }
+    std::vector<Block*> gone;
+    for (auto& [size, b] : free_) {
+      gone.push_back(b);
+    }
+    released_ += gone.size();
+    free_.clear();
+    cached_ = 0;
+    return gone;
+  }
+
+  HostCacheStats stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    return {static_cast<int64_t>(cached_), static_cast<int64_t>(live_), static_cast<int64_t>(cap_),
+            hits_, misses_, released_};
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, Block*> free_;
+  size_t cached_ = 0;  // bytes of free blocks
+  size_t live_ = 0;    // bytes of blocks held by live storages
+  size_t cap_;
+  int64_t hits_ = 0, misses_ = 0, released_ = 0;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // never destroyed: storages may die during exit
+  return *c;
+}
+
+void unmap(Block* b) {
+  munmap(b->ptr, b->size);
+  delete b;
+}
+
+void release(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  if (!cache().give(b)) {
+    unmap(b);
+  }
+}
+
+Block* map_block(size_t size) {
+  void* ptr = map_prefaulted(size);
+  if (ptr == nullptr) {
+    return nullptr;
+  }
+  auto* b = new Block{ptr, size};
+  cache().mapped(b);
+  return b;
+}
+
+// CPU memory: cached blocks for large sizes, the ordinary CPU allocator for the rest (and
+// whenever mapping fails, so that it reports out of memory in its usual words).
+struct HostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (n >= kHostCacheMin && cache().enabled()) {
+      const size_t size = (n + kGranule - 1) & ~(kGranule - 1);
+      Block* b = cache().take(size);
+      if (b == nullptr) {
+        b = map_block(size);
+      }
+      if (b != nullptr) {
+        return {b->ptr, b, &release, c10::Device(c10::kCPU)};
+      }
+    }
+    return c10::GetCPUAllocator()->allocate(n);
+  }
+
+  // Two kinds of DataPtr with their own deleters: no single raw deleter.
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+HostAllocator& host_allocator() {
+  static HostAllocator instance;
+  return instance;
+}
+
+// `.cpu()` (and `.to("cpu")`) of a remote tensor. torch's own _to_copy allocates the result
+// with the CPU allocator, then copies into it; this does the same with the cached one when
+// the result is large and a plain dense copy of the source (the common case: what the
+// download writes straight into). Everything else is torch's own kernel.
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> memory_format) {
+  const auto format = memory_format.value_or(c10::MemoryFormat::Preserve);
+  const bool plain = device && device->is_cpu() && dtype.value_or(self.scalar_type()) == self.scalar_type() &&
+      layout.value_or(c10::kStrided) == c10::kStrided && !pin_memory.value_or(false) &&
+      (format == c10::MemoryFormat::Preserve || format == c10::MemoryFormat::Contiguous) &&
+      self.is_contiguous() && !self.is_conj() && !self.is_neg() &&
+      self.numel() * static_cast<int64_t>(self.element_size()) >= static_cast<int64_t>(kHostCacheMin);
+  if (!plain || !cache().enabled()) {
+    return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+  }
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::CPU);
+  // Preserve keeps the source's strides, as torch's kernel does for a dense source (a
+  // contiguous tensor's size-1 dims may have any stride).
+  at::Tensor r = format == c10::MemoryFormat::Preserve
+      ? at::detail::empty_strided_generic(self.sizes(), self.strides(), &host_allocator(), keys, self.scalar_type())
+      : at::detail::empty_generic(self.sizes(), &host_allocator(), keys, self.scalar_type(),
+                                  c10::MemoryFormat::Contiguous);
+  r.copy_(self, non_blocking);
+  return r;
+}
+
+}  // namespace
+
+HostCacheStats host_cache_stats() {
+  return cache().stats();
+}
+
+void host_cache_empty(std::optional<int64_t> limit) {
+  TORCH_CHECK_VALUE(!limit || *limit >= 0, "remote_accel: the host cache's limit must be >= 0 bytes, got ", *limit);
+  for (Block* b : cache().trim(limit ? std::optional<size_t>(static_cast<size_t>(*limit)) : std::nullopt)) {
+    unmap(b);
+  }
+}
+
+}  // namespace remote_accel
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_to_copy", TORCH_FN(remote_accel::to_copy));
+}
