@@ -9,6 +9,7 @@ on both sides. The late reply to the interrupted request is skipped by its reque
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import signal
 import threading
@@ -30,21 +31,31 @@ class Flag:
 _NEVER = Flag()  # outside the main thread, or a user's own handler: nothing is deferred
 
 
+#: The flag of the outermost deferred() of the main thread, while one is active.
+_active: "Flag | None" = None
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[Flag]:
     """Defer Python's default Ctrl-C handling; raise KeyboardInterrupt at the end if one
     came and the body did not raise it itself (checking `flag.is_set`)."""
+    global _active
+    if _active is not None and threading.current_thread() is threading.main_thread():
+        yield _active  # nested (a sync point's send inside its request): the outer one raises
+        return
     # Python runs signal handlers in the main thread only, and a handler the user set
-    # may do anything: leave both alone.
+    # may do anything: leave both alone. The C-level _signal functions: signal.signal's
+    # enum conversions cost more than the rest of a sync point's bookkeeping.
     if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            or _signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield _NEVER
         return
-    flag = Flag()
-    signal.signal(signal.SIGINT, flag)
+    flag = _active = Flag()
+    _signal.signal(signal.SIGINT, flag)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _active = None
+        _signal.signal(signal.SIGINT, signal.default_int_handler)
     if flag.is_set:
         raise KeyboardInterrupt

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import secrets
+import struct
 import sys
 from typing import Callable, NamedTuple
 
@@ -186,9 +187,26 @@ def _local_scalar_dense(op, args, kwargs, server: OnServer):
     (t,) = args
     if t.numel() != 1:  # torch's own error, raised by the server
         return server.run_with_reply(op, (t,), {}, handles.device_index(t))
-    host = torch.empty(t.shape, dtype=t.dtype)
-    download(t, host)
-    return host.item()
+    unpack = _SCALAR_FORMATS.get(t.dtype)
+    if unpack is None or t.is_conj() or t.is_neg():
+        host = torch.empty(t.shape, dtype=t.dtype)
+        download(t, host)
+        return host.item()
+    # the common case without a host tensor: the element's bytes, unpacked as item() would
+    index = handles.device_index(t)
+    sid = handles.announce(t, index)
+    size = t.element_size()
+    data = runtime.session(index).read(sid, t.storage_offset() * size, size)
+    value = unpack(data)[0]
+    return complex(value, unpack(data, 4 if size == 8 else 8)[0]) if t.dtype.is_complex else value
+
+
+#: struct readers of one element, as Tensor.item() returns it (a complex's real part;
+#: its imaginary part follows); dtypes not here take the host-tensor path
+_SCALAR_FORMATS = {dtype: struct.Struct("<" + fmt).unpack_from for dtype, fmt in (
+    (torch.float32, "f"), (torch.float64, "d"), (torch.float16, "e"), (torch.int64, "q"), (torch.int32, "i"),
+    (torch.int16, "h"), (torch.int8, "b"), (torch.uint8, "B"), (torch.bool, "?"),
+    (torch.complex64, "f"), (torch.complex128, "d"))}
 
 
 def _resize_(op, args, kwargs, server: OnServer):

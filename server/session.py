@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
 _MAX_MESSAGE_TEXT = 64 << 10
 _MAX_TRACE_TEXT = 256 << 10
+#: READs up to this size on a CPU server are copied out (StorageTable.host_copy)
+SMALL_READ = 4096
 
 
 class NativeBatch(NamedTuple):
@@ -312,13 +314,16 @@ class Session(Receiving):
         if self._report_pending(msg.req_id):
             return
         try:
-            view = self.table.byte_range(request.sid, request.offset, request.nbytes)
-            if self.device.accelerator:
-                staging = self.device.staging(request.nbytes)
-                staging.copy_(view, non_blocking=True)
-                self.device.synchronize(self._stream)
-                view = staging
-            payload = host_bytes(view)
+            if not self.device.accelerator and type(request.nbytes) is int and request.nbytes <= SMALL_READ:
+                payload = self.table.host_copy(request.sid, request.offset, request.nbytes)
+            else:
+                view = self.table.byte_range(request.sid, request.offset, request.nbytes)
+                if self.device.accelerator:
+                    staging = self.device.staging(request.nbytes)
+                    staging.copy_(view, non_blocking=True)
+                    self.device.synchronize(self._stream)
+                    view = staging
+                payload = host_bytes(view)
         except Exception as exc:
             self._send(self._error_reply(exc), msg.req_id)
             return

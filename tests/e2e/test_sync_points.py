@@ -11,8 +11,8 @@ import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool,
-          torch.complex64)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,18 @@ def test_item_reads_the_element_of_views_and_reductions(remote, dtype):
              lambda t: t.any() if dtype == torch.bool else t.sum())
     for pick in picks:
         assert pick(dev).item() == pick(cpu).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_item_gives_the_exact_value_and_python_type_of_a_cpu_item(remote, dtype):
+    torch.manual_seed(1)
+    cpu = (torch.randn(5, dtype=torch.complex128) * 100).to(dtype) if dtype.is_complex else \
+        (torch.randn(5, dtype=torch.float64) * 100).to(dtype)
+    dev = cpu.to("remote_accel")
+    for i in range(5):
+        want, got = cpu[i].item(), dev[i].item()
+        assert type(got) is type(want) and got == want, (dtype, i, got, want)
+    assert dev[-1].item() == cpu[-1].item()  # a storage offset, read right
 
 
 def test_item_of_lazily_conjugated_or_negated_scalars(remote):
