@@ -54,6 +54,34 @@ Error op_error(const std::string& op) {
   }
 }
 
+// A Scalar argument from its bytes (torch_wire/values.py scalar_value).
+c10::IValue scalar_value(c10::ScalarType dtype, std::string_view bytes) {
+  const auto need = dtype == at::kBool ? 1u : dtype == at::kComplexDouble ? 16u : 8u;
+  if (bytes.size() != need) {
+    fail("protocol", "a " + std::string(c10::toString(dtype)) + " scalar has " + std::to_string(need) +
+                         " bytes, RunPlanned gave " + std::to_string(bytes.size()));
+  }
+  switch (dtype) {
+    case at::kDouble: {
+      double v;
+      std::memcpy(&v, bytes.data(), 8);
+      return v;
+    }
+    case at::kLong: {
+      int64_t v;
+      std::memcpy(&v, bytes.data(), 8);
+      return v;
+    }
+    case at::kBool:
+      return bytes[0] != 0;
+    default: {
+      double v[2];
+      std::memcpy(v, bytes.data(), 16);
+      return c10::complex<double>(v[0], v[1]);
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor Executor::view(const c10::Storage& storage, const Layout& layout) const {
@@ -115,10 +143,11 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
   }
   std::vector<int64_t> out_sids;
   for (size_t i = 0; i < values.size(); ++i) {
-    const bool cpu = t.holes[i].kind == Hole::kCpu;
-    if (values[i].other || values[i].is_bytes != cpu) {
-      fail("protocol", cpu ? "a RunPlanned value for a CPU tensor must be bytes"
-                           : "a RunPlanned value for a tensor reference must be a storage id");
+    const bool bytes = t.holes[i].kind == Hole::kCpu || t.holes[i].kind == Hole::kScalar;
+    if (values[i].other || values[i].is_bytes != bytes) {
+      fail("protocol", t.holes[i].kind == Hole::kScalar ? "a RunPlanned value for a scalar must be bytes"
+                       : bytes                           ? "a RunPlanned value for a CPU tensor must be bytes"
+                                                         : "a RunPlanned value for a tensor reference must be a storage id");
     }
     if (t.holes[i].kind == Hole::kOut) {
       out_sids.push_back(values[i].sid);
@@ -142,11 +171,24 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
       const Hole& hole = t.holes[i];
       at::Tensor tensor;
       if (hole.kind == Hole::kTensor) {
+        const auto sid = values[i].sid;
+        if (hole.written && sid != 0 && !table_.contains(sid) && !failed(sid)) {
+          table_.alloc(sid, hole.layout.span);  // a storage the op makes (Hole::written)
+          storages_made_.store(storages_made() + 1, std::memory_order_relaxed);
+        }
         touched.push_back(values[i].sid);
         tensor = view(input(values[i].sid, hole.layout, scratch), hole.layout);
+      } else if (hole.kind == Hole::kScalar) {
+        stack[hole.slot] = scalar_value(hole.layout.dtype, values[i].bytes);
+        continue;
       } else if (hole.kind == Hole::kCpu) {
         const auto& bytes = values[i].bytes;
-        tensor = at::empty(hole.layout.sizes, at::TensorOptions().dtype(hole.layout.dtype));
+        if (hole.scratch.defined() && hole.scratch.use_count() == 1 && hole.scratch.storage().use_count() == 1) {
+          tensor = hole.scratch;
+        } else {
+          tensor = at::empty(hole.layout.sizes, at::TensorOptions().dtype(hole.layout.dtype));
+          hole.scratch = tensor;
+        }
         if (bytes.size() != tensor.nbytes()) {
           fail("protocol", "inline tensor has " + std::to_string(bytes.size()) + " bytes, shape " +
                                shape_text(hole.layout.sizes) + " needs " + std::to_string(tensor.nbytes()));

@@ -84,6 +84,21 @@ bool define(Executor& self, int64_t plan, const std::string& name, const std::st
       hole.out = spec[1].cast<int64_t>();
       if (hole.out < 0 || static_cast<size_t>(hole.out) >= n_outs) return false;
       hole.layout = layout_of(spec, 2);
+    } else if (kind == "s") {
+      hole.kind = Hole::kScalar;
+      hole.slot = spec[1].cast<int64_t>();
+      hole.layout.dtype = spec[2].cast<at::ScalarType>();
+      const auto type = hole.layout.dtype;
+      if (hole.slot < 0 || static_cast<size_t>(hole.slot) >= t->stack.size() ||
+          !(type == at::kDouble || type == at::kLong || type == at::kBool || type == at::kComplexDouble)) {
+        return false;
+      }
+      const auto& argument = handle->schema().arguments()[hole.slot];
+      auto real = argument.real_type();
+      if (auto optional = real->cast<c10::OptionalType>()) {
+        real = optional->getElementType();
+      }
+      if (real->kind() != c10::TypeKind::NumberType) return false;  // only Scalar arguments take numbers
     } else {
       hole.kind = kind == "t" ? Hole::kTensor : Hole::kCpu;
       const auto index = spec[1].cast<size_t>();
@@ -93,6 +108,8 @@ bool define(Executor& self, int64_t plan, const std::string& name, const std::st
       std::tie(hole.slot, hole.item) = it->second;
       where.erase(it);  // each placeholder fills one hole
       hole.layout = layout_of(spec, 2);
+      const auto* alias = handle->schema().arguments()[hole.slot].alias_info();
+      hole.written = hole.kind == Hole::kTensor && alias != nullptr && alias->isWrite();
     }
     t->holes.push_back(std::move(hole));
   }
@@ -206,6 +223,8 @@ PYBIND11_MODULE(_native, m) {
       .def("planned", &Executor::planned)
       .def("clear_plans", &Executor::clear_plans)
       .def("ops_done", &Executor::ops_done)
+      .def("alloc_requests", &Executor::alloc_requests)
+      .def("storages_made", &Executor::storages_made)
       .def("run_planned", [](Executor& s, int64_t plan, const py::tuple& values) {
         const auto converted = values_of(values);
         py::gil_scoped_release no_gil;

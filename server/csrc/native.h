@@ -131,11 +131,19 @@ struct Layout {
 
 // Where one RunPlanned value goes.
 struct Hole {
-  enum Kind : uint8_t { kTensor, kCpu, kOut } kind;
-  Layout layout;  // kTensor, kOut; kCpu: dtype and sizes
-  int64_t slot = -1;  // kTensor, kCpu: index into the stack
+  // kScalar: a Scalar argument sent as a value (float64, int64, bool or complex128 bytes)
+  enum Kind : uint8_t { kTensor, kCpu, kOut, kScalar } kind;
+  Layout layout;  // kTensor, kOut; kCpu: dtype and sizes; kScalar: dtype
+  int64_t slot = -1;  // kTensor, kCpu, kScalar: index into the stack
   int64_t item = -1;  // inside the list at that slot, or -1
   int64_t out = -1;  // kOut: result index
+  // kTensor: the op writes this argument, so a storage id the session has not seen is
+  // made here from the layout (the client sends no ALLOC for it: out= results, factories)
+  bool written = false;
+  // kCpu: the tensor the last run filled, filled again by the next one when nothing else
+  // kept it (an at::empty per scalar argument was 9% of a batch); the session's thread alone
+  // runs its templates
+  mutable at::Tensor scratch;
 };
 
 struct Template {
@@ -155,6 +163,9 @@ class Executor {
   Table& table() { return table_; }
   // read by metrics from other threads while a batch runs: atomic
   int64_t ops_done() const { return ops_done_.load(std::memory_order_relaxed); }
+  // ALLOC requests run, and storages made for ops that write them instead (Hole::written)
+  int64_t alloc_requests() const { return alloc_requests_.load(std::memory_order_relaxed); }
+  int64_t storages_made() const { return storages_made_.load(std::memory_order_relaxed); }
 
   void define(int64_t plan, std::shared_ptr<const Template> t) { plans_[plan] = std::move(t); }
   void drop(int64_t plan) { plans_.erase(plan); }
@@ -200,6 +211,7 @@ class Executor {
 
   Table table_;
   std::atomic<int64_t> ops_done_{0};
+  std::atomic<int64_t> alloc_requests_{0}, storages_made_{0};  // one writer: the session's thread
   std::unordered_map<int64_t, std::shared_ptr<const Template>> plans_;
   std::unordered_set<int64_t> failed_;
 
