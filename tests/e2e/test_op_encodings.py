@@ -165,8 +165,8 @@ def test_a_storage_the_server_has_not_seen_is_announced_first(session):
 
 
 def test_storages_an_op_writes_need_no_alloc(session):
-    """out= results (PyTorch routes add and sum to add.out and sum.IntList_out) and a
-    factory's fill_ write a storage the server has not seen: no ALLOC travels for it, the
+    """out= results (PyTorch routes add and sum to add.out and sum.IntList_out), a
+    factory's fill_ and a copy into a new tensor write a storage the server has not seen: no ALLOC travels for it, the
     server makes it from the plan's layout (its counters say so)."""
     a, b = torch.randn(4, 5, device="remote_accel"), torch.randn(4, 5, device="remote_accel")
     ca, cb = a.cpu(), b.cpu()
@@ -174,10 +174,12 @@ def test_storages_an_op_writes_need_no_alloc(session):
         torch.add(a, b, alpha=2, out=torch.empty(4, 5, device="remote_accel"))
         torch.sum(a, 1, out=torch.empty(4, device="remote_accel"))
         torch.full((3,), 1.0, device="remote_accel")
+        a.t().contiguous()  # empty, then copy_ (_copy_from) into it
     session.sync()
     before = session.stats()
-    outs, sums, fulls = [], [], []
+    outs, sums, fulls, copies = [], [], [], []
     for i in range(10):
+        copies.append(a.t().contiguous())
         outs.append(torch.add(a, b, alpha=i + 2, out=torch.empty(4, 5, device="remote_accel")))  # 1 is the default
         sums.append(torch.sum(b, 1, out=torch.empty(4, device="remote_accel")))
         fulls.append(torch.full((3,), float(i), device="remote_accel"))  # empty, then fill_
@@ -185,11 +187,12 @@ def test_storages_an_op_writes_need_no_alloc(session):
     assert not _of_type(items, m.AllocStorage)
     after = session.stats()
     assert after["alloc_requests"] == before["alloc_requests"]
-    assert after["storages_made"] - before["storages_made"] == 30
+    assert after["storages_made"] - before["storages_made"] == 40
     for i in range(10):
         torch.testing.assert_close(outs[i].cpu(), torch.add(ca, cb, alpha=i + 2))
         torch.testing.assert_close(sums[i].cpu(), cb.sum(1))
         assert fulls[i].cpu().tolist() == [float(i)] * 3
+        assert torch.equal(copies[i].cpu(), ca.t().contiguous())
 
 
 def test_requests_keep_their_order_across_python_and_cpp(session):
