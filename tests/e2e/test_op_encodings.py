@@ -325,3 +325,32 @@ def test_adamw_steps_take_the_fast_path_after_the_first(session):
     assert now["ops_done"] - stats["ops_done"] == now["native_ops_done"] - stats["native_ops_done"] > 0
     for p, q in zip(local.parameters(), remote.parameters()):
         torch.testing.assert_close(q.cpu(), p)
+
+
+def test_an_error_among_scalar_and_written_storage_ops_raises_at_the_next_sync(session):
+    """A served op that fails mid-batch, between ops whose Scalars travel as values and
+    whose out= storages the server makes: the next sync raises naming the op, the ops
+    around it ran with their own values, and the session goes on."""
+    p = torch.zeros(3, device="remote_accel")
+    x = torch.arange(4.0, device="remote_accel")
+    good, bad = torch.tensor([0, 1]).to("remote_accel"), torch.tensor([0, 99]).to("remote_accel")
+    for _ in range(2):  # the plans
+        p.add_(torch.ones(3, device="remote_accel"), alpha=0.5)
+        torch.mul(x, 2.0, out=torch.empty(4, device="remote_accel"))
+        x.index_select(0, good)
+    session.sync()
+    made = session.stats()["storages_made"]
+    outs = []
+    for i in range(20):
+        p.add_(torch.ones(3, device="remote_accel"), alpha=float(i))
+        outs.append(torch.mul(x, float(i), out=torch.empty(4, device="remote_accel")))
+        if i == 10:
+            x.index_select(0, bad)  # only the server sees the bad index
+    with pytest.raises(Exception) as info:
+        session.sync()
+    assert "index_select" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert p.cpu().tolist() == [1.0 + sum(range(20))] * 3  # 2 x 0.5, then 0 + 1 + ... + 19
+    for i, out in enumerate(outs):
+        assert out.cpu().tolist() == [float(i) * v for v in range(4)]
+    assert session.stats()["storages_made"] - made == 40  # the ones()s and the out= results
+    assert x.index_select(0, good).cpu().tolist() == [0.0, 1.0]
