@@ -116,7 +116,10 @@ def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
         return run_with_reply(op, args, kwargs, index), (False if meta.always_replies(op) else None)
     plan = meta.for_server_device(op, plan, args, kwargs, session.device_type)
     schema = meta.schema_of(op)
-    random = schema.generator_arg is not None or schema.seeded_without_generator
+    # Ops with a generator argument never get a plan (a Generator cannot be keyed); ops that
+    # draw from the default stream implicitly (native_dropout) do: C++ keys the default
+    # generator's (seed, epoch), and the RunOp's stream names it for the server.
+    random = schema.generator_arg is not None
     # a plan replays the results' making: not an out= tensor's resize
     want_plan = want_plan and not random and not _resizes(plan, args, kwargs)
     device = torch.device("remote_accel", index)

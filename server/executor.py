@@ -83,6 +83,9 @@ class Executor:
         self.table = table
         self.native = table.native
         self.generators = generators
+        shared = device.default_generator()
+        if shared is not None:  # seeded ops (native_dropout) run in C++ too
+            self.native.set_generators(generators.default, shared)
         self.graphs = graphs  # the server's compiled graphs; None: replay every graph
         self._python_ops = 0
         self.python_alloc_requests = 0  # ALLOC requests the Python path ran (the session counts them)
@@ -197,14 +200,17 @@ class Executor:
 
     def _define_native(self, msg: RunOp) -> None:
         """Hand C++ the plan's template: its arguments with a placeholder per hole."""
-        if msg.stream is not None:
-            raise _NotNative
         resolved = ops.resolve(msg.op)
+        # a seeded op's stream (the session default's seed and epoch) is applied by the
+        # RunOp that defines the plan; its RunPlanned calls draw on from there (the client
+        # keys that seed and epoch: after a manual_seed a new plan is made)
+        if msg.stream is not None and not resolved.seeded:
+            raise _NotNative
         fn = resolved.fn
         if msg.op in _COPY_FROM:
             fn = torch.ops.aten._copy_from.default
         if (not isinstance(fn, torch._ops.OpOverload) or resolved.generator_index is not None
-                or resolved.seeded or msg.op in _FLIPS_LAZY_BITS):
+                or msg.op in _FLIPS_LAZY_BITS):
             raise _NotNative
         holes: list = []
         placeholders: list = []
@@ -230,8 +236,9 @@ class Executor:
             fn = torch.ops.aten.copy_.default
             args = (args[1], args[0]) + args[2:]  # holes keep their wire order: C++ finds placeholders
         schema = fn._schema
-        self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders, holes,
-                           len(msg.outs))
+        if not self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders,
+                                  holes, len(msg.outs), resolved.seeded):
+            return
 
     def _template(self, value: Any, holes: list, placeholders: list, depth: int, slot: Optional[int] = None) -> Any:
         """A wire value decoded with a distinct placeholder tensor in each hole, in

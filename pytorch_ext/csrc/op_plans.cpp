@@ -46,6 +46,14 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
     slot->encoding_order.insert(slot->encoding_order.end(), keyword.begin(), keyword.end());
     // arange and range take their results' length from Scalar values: those stay keyed
     // (fallback.py's _scalar_arguments says the same)
+    slot->seeded = op.hasTag(at::Tag::nondeterministic_seeded) &&
+                   std::none_of(arguments.begin(), arguments.end(), [](const c10::Argument& a) {
+                     auto type = a.real_type();
+                     if (auto optional = type->cast<c10::OptionalType>()) {
+                       type = optional->getElementType();
+                     }
+                     return type->kind() == c10::TypeKind::GeneratorType;
+                   });
     for (size_t i = 0; i < arguments.size(); ++i) {
       const auto* alias = arguments[i].alias_info();
       slot->written.push_back((alias != nullptr && alias->isWrite()) ||
@@ -226,6 +234,11 @@ bool describe_call(const OpInfo& info, const c10::FunctionSchema& schema, c10::A
     call.device = current_device();
   }
   put_raw<int8_t>(call.key, call.device);
+  if (info.seeded) {
+    const auto [id, seed, epoch] = generator_info(default_generator(call.device));
+    put_raw<uint64_t>(call.key, seed);
+    put_raw<uint64_t>(call.key, epoch);
+  }
   for (size_t i : info.encoding_order) {
     if (hole[i]) {
       call.scalars.emplace_back(call.holes(), args[i].toScalar());

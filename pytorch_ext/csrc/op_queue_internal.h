@@ -97,6 +97,11 @@ struct OpInfo {
   // A storage the server has not seen that an op only writes needs no ALLOC: the server
   // makes it from the plan's layout (op_serve.cpp, server/csrc/executor.cpp).
   std::vector<bool> written;
+  // Draws random numbers from the default stream without a generator argument
+  // (native_dropout): the default generator's (seed, epoch) is keyed, so that a plan made
+  // before a manual_seed never serves a call after it (the server reseeds at the RunOp
+  // that makes the next plan, and each plan's calls draw on from there).
+  bool seeded = false;
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
 };
 

@@ -212,7 +212,11 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
     }
     table_.check_fits(need);  // refuse, before running, outputs over the limit
     table_.room(need);
-    t.op.callBoxed(stack);
+    if (t.seeded) {
+      call_seeded(t, stack);
+    } else {
+      t.op.callBoxed(stack);
+    }
     ops_done_.store(ops_done_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // one writer
     bind(t, stack, out_sids, touched);
   } catch (...) {
@@ -229,6 +233,40 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
     throw ErrorThrown{std::move(error)};
   }
   table_.resync(touched.data(), touched.size());
+}
+
+std::mutex& default_generator_mutex() {
+  static auto* mu = new std::mutex();  // leaked: sessions may run during interpreter exit
+  return *mu;
+}
+
+namespace {
+c10::intrusive_ptr<c10::TensorImpl> state_of(at::Generator& gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state().getIntrusivePtr();
+}
+void set_state_of(at::Generator& gen, const c10::intrusive_ptr<c10::TensorImpl>& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(at::Tensor(state));
+}
+}  // namespace
+
+void Executor::call_seeded(const Template& t, std::vector<c10::IValue>& stack) {
+  if (!has_generators()) {
+    fail("protocol", t.name + " draws random numbers, and this session has no generator for it");
+  }
+  std::lock_guard<std::mutex> lock(default_generator_mutex());
+  const auto saved = state_of(shared_generator_);
+  set_state_of(shared_generator_, state_of(own_generator_));
+  struct Restore {  // also when the op throws, as as_device_default's finally does
+    Executor& self;
+    const c10::intrusive_ptr<c10::TensorImpl>& saved;
+    ~Restore() {
+      set_state_of(self.own_generator_, state_of(self.shared_generator_));
+      set_state_of(self.shared_generator_, saved);
+    }
+  } restore{*this, saved};
+  t.op.callBoxed(stack);
 }
 
 void Executor::bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,

@@ -42,13 +42,16 @@ Layout layout_of(const py::tuple& spec, size_t first) {
 // that the schema turned into something else, an op the dispatcher does not know).
 bool define(Executor& self, int64_t plan, const std::string& name, const std::string& op_name,
             const std::string& overload, const py::tuple& args, const py::dict& kwargs,
-            const std::vector<at::Tensor>& placeholders, const py::list& holes, size_t n_outs) {
+            const std::vector<at::Tensor>& placeholders, const py::list& holes, size_t n_outs, bool seeded) {
   self.drop(plan);
+  if (seeded && !self.has_generators()) {
+    return false;
+  }
   auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
   if (!handle) {
     return false;
   }
-  auto t = std::make_shared<Template>(Template{*handle, name, {}, {}, n_outs, {}});
+  auto t = std::make_shared<Template>(Template{*handle, name, {}, {}, n_outs, {}, seeded});
   try {
     t->stack = torch::jit::createStackForSchema(handle->schema(), torch::jit::tuple_slice(args),
                                                 py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
@@ -142,6 +145,13 @@ std::vector<Executor::Value> values_of(const py::tuple& values) {
 PYBIND11_MODULE(_native, m) {
   using namespace remote_accel::server;
   m.attr("VERSION") = REMOTE_ACCEL_VERSION;
+  // server/rng.py's as_device_default takes the lock the C++ executor takes (waiting
+  // without the GIL, which a session's thread may need meanwhile)
+  m.def("lock_default_generator", [] {
+    py::gil_scoped_release no_gil;
+    default_generator_mutex().lock();
+  });
+  m.def("unlock_default_generator", [] { default_generator_mutex().unlock(); });
   m.def("set_error_factory", [](py::object factory) {
     delete g_error_factory;
     g_error_factory = new py::object(std::move(factory));
@@ -219,6 +229,7 @@ PYBIND11_MODULE(_native, m) {
       .def("clear_failed", &Executor::clear_failed)
       // -- plans
       .def("define", &define)
+      .def("set_generators", &Executor::set_generators)
       .def("drop", &Executor::drop)
       .def("planned", &Executor::planned)
       .def("clear_plans", &Executor::clear_plans)

@@ -354,3 +354,27 @@ def test_an_error_among_scalar_and_written_storage_ops_raises_at_the_next_sync(s
         assert out.cpu().tolist() == [float(i) * v for v in range(4)]
     assert session.stats()["storages_made"] - made == 40  # the ones()s and the out= results
     assert x.index_select(0, good).cpu().tolist() == [0.0, 1.0]
+
+
+def test_dropout_is_served_from_a_plan_and_follows_manual_seed(session):
+    """native_dropout draws from the default stream without a generator argument: it is
+    served from a plan keyed by the default generator's seed and epoch, run by the
+    server's C++ executor with the session's stream, and equals local CPU's dropout."""
+    x = torch.ones(64, device="remote_accel")
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(11)
+        runs.append([torch.nn.functional.dropout(x, 0.5) for _ in range(4)])
+    runs = [[t.cpu() for t in run] for run in runs]
+    torch.manual_seed(11)
+    local = [torch.nn.functional.dropout(torch.ones(64), 0.5) for _ in range(4)]
+    for a, b, c in zip(runs[0], runs[1], local):
+        assert torch.equal(a, b) and torch.equal(a, c)  # the same stream after each manual_seed
+    assert not torch.equal(runs[0][0], runs[0][1])  # the stream moves on between calls
+    torch.nn.functional.dropout(x, 0.5)  # the plan for the epoch of the last manual_seed
+    plans, stats = fallback._C.plan_stats(), session.stats()
+    for _ in range(5):
+        torch.nn.functional.dropout(x, 0.5)
+    now = session.stats()
+    assert fallback._C.plan_stats()[0] == plans[0] and fallback._C.plan_stats()[1] - plans[1] == 5
+    assert now["ops_done"] - stats["ops_done"] == now["native_ops_done"] - stats["native_ops_done"] == 5
