@@ -236,9 +236,8 @@ class Executor:
             fn = torch.ops.aten.copy_.default
             args = (args[1], args[0]) + args[2:]  # holes keep their wire order: C++ finds placeholders
         schema = fn._schema
-        if not self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders,
-                                  holes, len(msg.outs), resolved.seeded):
-            return
+        self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders, holes,
+                           len(msg.outs), resolved.seeded)
 
     def _template(self, value: Any, holes: list, placeholders: list, depth: int, slot: Optional[int] = None) -> Any:
         """A wire value decoded with a distinct placeholder tensor in each hole, in

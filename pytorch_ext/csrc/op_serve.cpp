@@ -27,9 +27,9 @@ void make_fresh(const std::vector<Result>& results, c10::SmallVector<at::Tensor,
   }
 }
 
-// Whether `t` reaches exactly the whole of its storage: the server, which makes a storage it
-// has not seen from the plan's layout of the tensor that an op writes first (an out=
-// result, a factory's fill_), then makes one of the same size.
+// Whether `t` reaches exactly the whole of its storage. A storage the server has not seen
+// that an op writes first (an out= result, a factory's fill_) is made by the server from
+// the plan's layout of `t`, so it needs no ALLOC only when that layout spans all of it.
 bool spans_storage(const at::Tensor& t) {
   int64_t span = 0;
   if (t.numel() != 0) {
