@@ -5,7 +5,9 @@
 Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) per transport (each in a
 process of its own with `both`, the default) and reports: the tiny-op chain (40,000
 in-place ops `x.mul_(1.0001).add_(-0.0001)` on 16 floats, then `.item()`) in ops per
-second remote and local; the server's cost per op beyond the kernel (the server's time
+second remote and local, and the same for 40,000 out-of-place ops `y = x + 1.0` (each
+allocates its result and frees the last), every remote run checked end to end (the server
+ran all its ops before the clock stopped, the result equals the local one); the server's cost per op beyond the kernel (the server's time
 running the chain's requests, per op, less the same ops called locally from C++, i.e.
 dispatcher and kernel; needs a server that counts its busy time); the tiny Transformer step
 (2 encoder layers, d_model 64, 4 heads, ff 128, batch 8x32, AdamW) remote/local; and
@@ -59,15 +61,52 @@ def _step_fn(model, device):
 CHAIN_OPS = 40_000
 
 
-def _chain(device) -> float:
-    """Seconds for the tiny-op chain, the final .item() included."""
-    x = torch.ones(16, device=device)
+def _chain_start(device) -> torch.Tensor:
+    # not all ones: 1.0 is a fixed point of the chain in float32, which would make the
+    # check against the local result blind to dropped ops
+    return torch.linspace(1.0, 2.0, 16).to(device)
+
+
+def _chain(device) -> tuple[float, torch.Tensor]:
+    """Seconds for the tiny-op chain, the final .item() included; and the result, which
+    the caller checks against the local one."""
+    x = _chain_start(device)
     x.mul_(1.0001).add_(-0.0001).sum().item()
     start = time.perf_counter()
     for _ in range(CHAIN_OPS // 2):
         x.mul_(1.0001).add_(-0.0001)
     x.sum().item()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, x
+
+
+def _out_of_place_chain(device) -> tuple[float, torch.Tensor]:
+    """Seconds for CHAIN_OPS out-of-place tiny ops `y = x + 1.0` (each allocates a result
+    and frees the one before), the final .item() included; and the last result."""
+    x = _chain_start(device)
+    y = x + 1.0
+    y.sum().item()
+    start = time.perf_counter()
+    for _ in range(CHAIN_OPS):
+        y = x + 1.0
+    y.sum().item()
+    return time.perf_counter() - start, y
+
+
+def _timed_remote(chain, session, expected: torch.Tensor) -> tuple[float, float]:
+    """(seconds, server busy seconds per op) of one remote run of `chain`, checked end to
+    end: the server ran every op before the clock stopped (the .item() reply comes after
+    them), and the result read back equals the local one bit for bit."""
+    before = session.stats()
+    seconds, result = chain("remote_accel")
+    after = session.stats()
+    ops = after["ops_done"] - before["ops_done"]
+    if ops < CHAIN_OPS:
+        raise SystemExit(f"{chain.__name__}: the server ran {ops} ops, the chain has {CHAIN_OPS}")
+    if not torch.equal(result.cpu(), expected):
+        raise SystemExit(f"{chain.__name__}: the remote result differs from the local one")
+    # servers before the C++ executor do not count their busy time
+    busy = after.get("busy_ns", float("nan")) - before.get("busy_ns", float("nan"))
+    return seconds, busy * 1e-9 / ops
 
 
 @torch.jit.script
@@ -148,19 +187,16 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
         compiled = median_seconds(compiled_step, steps)
         local_compiled = median_seconds(_step_fn(torch.compile(copy.deepcopy(model)), "cpu"), steps)
 
-        chain_local = statistics.median(_chain("cpu") for _ in range(3))
-        chain_remote, server_per_op = [], []
-        for _ in range(3):
-            stats = session.stats()
-            chain_remote.append(_chain("remote_accel"))
-            after = session.stats()
-            ops = after["ops_done"] - stats["ops_done"]
-            # servers before the C++ executor do not count their busy time
-            busy = after.get("busy_ns", float("nan")) - stats.get("busy_ns", float("nan"))
-            server_per_op.append(busy * 1e-9 / ops)
-        chain_remote = statistics.median(chain_remote)
+        local_runs = [_chain("cpu") for _ in range(3)]
+        chain_local = statistics.median(t for t, _ in local_runs)
+        runs = [_timed_remote(_chain, session, local_runs[0][1]) for _ in range(3)]
+        chain_remote = statistics.median(t for t, _ in runs)
+        server_per_op = statistics.median(b for _, b in runs)
         kernel = statistics.median(_kernel() for _ in range(3))
-        server_per_op = statistics.median(server_per_op)
+        local_runs = [_out_of_place_chain("cpu") for _ in range(3)]
+        oop_local = statistics.median(t for t, _ in local_runs)
+        oop_remote = statistics.median(_timed_remote(_out_of_place_chain, session, local_runs[0][1])[0]
+                                       for _ in range(3))
 
         tf_local = median_seconds(_transformer_step_fn("cpu"), steps)
         tf_remote = median_seconds(_transformer_step_fn("remote_accel"), steps)
@@ -170,6 +206,7 @@ def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
         "mlp_local_ms": local * 1e3, "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3,
         "mlp_local_compiled_ms": local_compiled * 1e3,
         "chain_remote_ops_per_s": CHAIN_OPS / chain_remote, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
+        "oop_remote_ops_per_s": CHAIN_OPS / oop_remote, "oop_local_ops_per_s": CHAIN_OPS / oop_local,
         "server_us_per_op": server_per_op * 1e6, "kernel_us": kernel * 1e6,
         "tf_local_ms": tf_local * 1e3, "tf_remote_ms": tf_remote * 1e3,
         "idle_connected_s": connected, "idle_unconnected_s": unconnected, "idle_cpu": idle_cpu,
@@ -187,6 +224,8 @@ def _generate_row(r: dict) -> str:
 ROWS = (
     ("tiny-op chain, remote (ops/s)", lambda r: f"{r['chain_remote_ops_per_s']:,.0f}"),
     ("tiny-op chain, local (ops/s)", lambda r: f"{r['chain_local_ops_per_s']:,.0f}"),
+    ("out-of-place chain y = x + 1.0, remote (ops/s)", lambda r: f"{r['oop_remote_ops_per_s']:,.0f}"),
+    ("out-of-place chain y = x + 1.0, local (ops/s)", lambda r: f"{r['oop_local_ops_per_s']:,.0f}"),
     ("server cost per op beyond the kernel (us)",
      lambda r: f"{r['server_us_per_op']:.1f} - {r['kernel_us']:.1f} = {r['server_us_per_op'] - r['kernel_us']:.1f}"),
     ("tiny Transformer step remote / local (ms)",

@@ -7,7 +7,8 @@
 //
 // A RunPlanned item is (RUN_PLANNED, (plan id, values)); its values fill the holes of the
 // RunOp that defined the plan in that RunOp's wire order (args, then kwargs as encoded,
-// then outs): a storage id per tensor reference, the bytes per inline CPU tensor. The
+// then outs): a storage id per tensor reference, the bytes per inline CPU tensor and per
+// Scalar argument sent as a value (SCALAR: float64, int64, bool or complex128). The
 // client encodes keyword arguments sorted by name, and its C++ queue gathers the tensors
 // of a call in that same order (op_plans.cpp, OpInfo::encoding_order).
 #pragma once

@@ -11,6 +11,7 @@ points: they run at once and the server answers with the results' metadata.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 
@@ -43,12 +44,20 @@ def _device_index(args, kwargs) -> int:
     return _C.current_device()
 
 
-def encode_args(op, args, kwargs, index: int) -> tuple:
+def encode_args(op, args, kwargs, index: int, scalars: bool = False) -> tuple:
     """Arguments -> wire values; default generators made explicit for random ops.
-    Keywords go sorted by name: the order in which a plan's holes are counted."""
+    Keywords go sorted by name: the order in which a plan's holes are counted.
+    `scalars`: Scalar arguments go as SCALAR holes (a plan's RunOp: see _native_plan)."""
     ref = lambda t: handles.tensor_ref(t, index)  # noqa: E731
     enc_args = tuple(_encode(a, ref, index) for a in args)
     enc_kwargs = {k: _encode(kwargs[k], ref, index) for k in sorted(kwargs)}
+    if scalars:
+        positions, names = _scalar_arguments(op)
+        enc_args = tuple(tv.scalar_value(a) if i in positions and tv.is_scalar_value(a) else e
+                         for i, (a, e) in enumerate(zip(args, enc_args)))
+        for k in names.intersection(kwargs):
+            if tv.is_scalar_value(kwargs[k]):
+                enc_kwargs[k] = tv.scalar_value(kwargs[k])
     locator = meta.takes_generator(op)
     if locator is not None and meta.argument(args, kwargs, locator) is None:
         # the server keeps one generator per client generator: name the default one
@@ -111,7 +120,10 @@ def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
         return run_with_reply(op, args, kwargs, index), (False if meta.always_replies(op) else None)
     plan = meta.for_server_device(op, plan, args, kwargs, session.device_type)
     schema = meta.schema_of(op)
-    random = schema.generator_arg is not None or schema.seeded_without_generator
+    # Ops with a generator argument never get a plan (a Generator cannot be keyed); ops that
+    # draw from the default stream implicitly (native_dropout) do: C++ keys the default
+    # generator's (seed, epoch), and the RunOp's stream names it for the server.
+    random = schema.generator_arg is not None
     # a plan replays the results' making: not an out= tensor's resize
     want_plan = want_plan and not random and not _resizes(plan, args, kwargs)
     device = torch.device("remote_accel", index)
@@ -128,7 +140,7 @@ def queue_op(op, args, kwargs, want_plan: bool) -> tuple:
     native = None
     if want_plan:
         native = _native_plan(op, plan, args, kwargs, outs)
-    enc_args, enc_kwargs = encode_args(op, args, kwargs, index)
+    enc_args, enc_kwargs = encode_args(op, args, kwargs, index, scalars=native is not None)
     out_refs = tuple(None if t is None else handles.output_ref(t, index) for t in outs)
     session.run(meta.op_name(op), enc_args, enc_kwargs, out_refs, _stream(op, index),
                 plan=None if native is None else native[0])
@@ -142,12 +154,14 @@ def _resizes(plan, args, kwargs) -> bool:
 
 # -- plans for the C++ fallback -----------------------------------------------------------------
 # A training loop sends the same ops on the same layouts again and again; their RunOps
-# differ only in storage ids and CPU scalar values. So the first call of each key (op,
-# argument metadata, scalar values) sends its RunOp with a plan id, which the server
-# keeps, and hands C++ (csrc/op_queue.cpp) the plan: its id and how to make the results.
-# Later calls are served there and sent as RunPlanned(id, values): per tensor argument
-# in encoding order its storage id or, for a CPU scalar, its bytes, then per fresh
-# result its storage id, the order in which the server meets the holes in the RunOp.
+# differ only in storage ids, CPU scalar values and Scalar arguments (an optimizer's step
+# size changes every step). So the first call of each key (op, argument metadata, other
+# values) sends its RunOp with a plan id, which the server keeps, and hands C++
+# (csrc/op_queue.cpp) the plan: its id and how to make the results. Later calls are
+# served there and sent as RunPlanned(id, values): per tensor argument or Scalar
+# argument in encoding order its storage id, or for a CPU scalar or a Scalar its bytes,
+# then per fresh result its storage id, the order in which the server meets the holes in
+# the RunOp (Scalar arguments travel in it as SCALAR holes).
 
 _plan_ids = itertools.count(1)
 
@@ -162,7 +176,23 @@ def _native_plan(op, plan, args, kwargs, outs: list):
     if _count_tensors((args, kwargs)) != len(tensors):
         return None
     schema = meta.schema_of(op)
-    return next(_plan_ids), len(tensors), tuple(_plan_result(spec, schema) for spec in plan.results)
+    positions, names = _scalar_arguments(op)
+    scalars = sum(1 for i in positions if i < len(args) and tv.is_scalar_value(args[i]))
+    scalars += sum(1 for k in names.intersection(kwargs) if tv.is_scalar_value(kwargs[k]))
+    return next(_plan_ids), len(tensors) + scalars, tuple(_plan_result(spec, schema) for spec in plan.results)
+
+
+@functools.lru_cache(maxsize=None)
+def _scalar_arguments(op) -> tuple[frozenset, frozenset]:
+    """(positions, names) of the op's Scalar and Scalar? arguments: as op_plans.cpp keys
+    them, they travel as values (holes), not in the plan's key; none for arange and range,
+    whose results' length depends on them."""
+    if op._schema.name in ("aten::arange", "aten::range"):
+        return frozenset(), frozenset()
+    found = [(i, a.name) for i, a in enumerate(op._schema.arguments)
+             if isinstance(a.type, torch.NumberType) or (isinstance(a.type, torch.OptionalType)
+                                                         and isinstance(a.type.getElementType(), torch.NumberType))]
+    return frozenset(i for i, _ in found), frozenset(n for _, n in found)
 
 
 def _plan_result(spec, schema) -> tuple:

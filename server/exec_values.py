@@ -1,7 +1,7 @@
 """The executor's value helpers: walking wire values and results without a session.
 
-Plans (RunOp.plan) are templates whose holes, tensor references and inline CPU tensors,
-RunPlanned fills in order; graph values name earlier results of a graph; results are
+Plans (RunOp.plan) are templates whose holes, tensor references, inline CPU tensors and
+Scalar arguments sent as values, RunPlanned fills in order; graph values name earlier results of a graph; results are
 flattened, checked against the promised layout and have lazy conj/neg bits settled.
 None of this needs an Executor's state, so it lives apart from executor.py.
 """
@@ -15,7 +15,7 @@ import torch
 from ..dataplane.codec import Ext
 from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
-from .storage import TensorRef
+from .storage import TensorRef, parse_ref
 
 
 def flatten(result: Any) -> list:
@@ -52,7 +52,7 @@ def _settle_lazy_bits(decoded: list) -> None:
 
 
 def _count_holes(value: Any) -> int:
-    """RunPlanned holes in a wire value: its tensor references and inline CPU tensors."""
+    """RunPlanned holes in a wire value: its tensor references, inline CPU tensors and scalars."""
     t = type(value)
     if t is Ext:
         if value.code == torch_values.TENSOR or value.code == torch_values.CPU_TENSOR:
@@ -60,12 +60,45 @@ def _count_holes(value: Any) -> int:
             if type(payload) is not tuple or len(payload) != (6 if value.code == torch_values.TENSOR else 3):
                 raise ProtocolError("malformed tensor in a plan")
             return 1
+        if value.code == torch_values.SCALAR:
+            if type(value.value) is not tuple or len(value.value) != 2:
+                raise ProtocolError("malformed scalar in a plan")
+            return 1
         return 0  # generators, devices: never holes
     if t is tuple or t is list:
         return sum(_count_holes(v) for v in value)
     if t is dict:
         return sum(_count_holes(v) for v in value.values())
     return 0
+
+
+def _written_holes(args: Any, kwargs: Any, written: frozenset) -> tuple:
+    """(hole index, span) of each tensor reference in an argument that the op writes
+    (`written`: positions and keyword names): a storage id the session has not seen
+    there is made from that layout when the plan runs, as the C++ executor does."""
+    found, pos = [], 0
+    items = list(enumerate(args)) if type(args) in (tuple, list) else []
+    items += list(kwargs.items()) if type(kwargs) is dict else []
+    for key, value in items:
+        if key in written:
+            for k, ext in enumerate(_hole_values(value)):
+                if ext.code == torch_values.TENSOR:
+                    ref = parse_ref(ext.value)
+                    found.append((pos + k, ref.span))
+        pos += _count_holes(value)
+    return tuple(found)
+
+
+def _hole_values(value: Any) -> list:
+    """The Ext of each hole in `value`, in _count_holes' order."""
+    t = type(value)
+    if t is Ext:
+        return [value] if value.code in (torch_values.TENSOR, torch_values.CPU_TENSOR, torch_values.SCALAR) else []
+    if t is tuple or t is list:
+        return [h for v in value for h in _hole_values(v)]
+    if t is dict:
+        return [h for v in value.values() for h in _hole_values(v)]
+    return []
 
 
 def _fill(value: Any, values) -> Any:
@@ -82,6 +115,11 @@ def _fill(value: Any, values) -> Any:
             if type(data) is not bytes:
                 raise ProtocolError("a RunPlanned value for a CPU tensor must be bytes")
             return Ext(value.code, value.value[:2] + (data,))
+        if value.code == torch_values.SCALAR:
+            data = next(values)
+            if type(data) is not bytes:
+                raise ProtocolError("a RunPlanned value for a scalar must be bytes")
+            return Ext(value.code, (value.value[0], data))
         return value
     if t is tuple:
         return tuple([_fill(v, values) for v in value])

@@ -28,7 +28,7 @@ from ..torch_wire import sparse as torch_sparse
 from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
-from .exec_values import _count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, flatten
+from .exec_values import _count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, _written_holes, flatten
 from .failure import BAD_HANDLE, OP, Failure
 from .graphs import CompiledGraph, GraphCompiler, value_signature
 from .rng import Generators
@@ -45,6 +45,20 @@ _COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
 _FLIPS_LAZY_BITS = frozenset({"aten::linalg_lu_solve.out"})
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
+
+
+def _written_arguments(op: str) -> frozenset:
+    """Positions and names of the arguments `op` writes (out=, in-place self; _copy_from's dst)."""
+    if op in _COPY_FROM:
+        return frozenset({1, "dst"})
+    try:
+        fn = ops.resolve(op).fn
+    except Failure:  # running the op reports what is wrong with its name
+        return frozenset()
+    if not isinstance(fn, torch._ops.OpOverload):
+        return frozenset()
+    return frozenset(x for i, a in enumerate(fn._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+                     for x in (i, a.name))
 
 
 def _no_resolve(code: int, payload: Any) -> Any:
@@ -70,17 +84,33 @@ class Executor:
         self.table = table
         self.native = table.native
         self.generators = generators
+        shared = device.default_generator()
+        if shared is not None:  # seeded ops (native_dropout) run in C++ too
+            self.native.set_generators(generators.default, shared)
         self.graphs = graphs  # the server's compiled graphs; None: replay every graph
         self._python_ops = 0
+        self.python_alloc_requests = 0  # ALLOC requests the Python path ran (the session counts them)
+        self._python_made = 0
         # id -> (nodes, outputs, the compiled graph or None)
         self._graphs: dict[int, tuple[tuple, tuple, Optional[CompiledGraph]]] = {}
-        self._plans: dict[int, tuple[RunOp, int]] = {}  # id -> (the defining RunOp, its holes)
+        # id -> (the defining RunOp, its holes, (hole, span) of those the op writes)
+        self._plans: dict[int, tuple[RunOp, int, tuple]] = {}
         # The storages whose producing op failed (later uses fail with a message that says
         # why) are kept by the C++ side, which also runs ops.
 
     @property
     def ops_done(self) -> int:
         return self._python_ops + self.native.ops_done()
+
+    @property
+    def alloc_requests(self) -> int:
+        """ALLOC requests run: a storage announced by the client before an op uses it."""
+        return self.python_alloc_requests + self.native.alloc_requests()
+
+    @property
+    def storages_made(self) -> int:
+        """Storages made for an op that writes them, which the client did not ALLOC."""
+        return self._python_made + self.native.storages_made()
 
     # -- arguments ----------------------------------------------------------------------------
     def decode(self, value: Any, touched: list, graph_values: Optional[list] = None,
@@ -163,7 +193,8 @@ class Executor:
             oldest = next(iter(self._plans))
             del self._plans[oldest]
             self.native.drop(oldest)
-        self._plans[msg.plan] = (RunOp(msg.op, msg.args, msg.kwargs, msg.outs, False, msg.stream), holes)
+        self._plans[msg.plan] = (RunOp(msg.op, msg.args, msg.kwargs, msg.outs, False, msg.stream), holes,
+                                 _written_holes(msg.args, msg.kwargs, _written_arguments(msg.op)))
         self.native.drop(msg.plan)
         if is_sid(msg.plan):
             try:
@@ -173,23 +204,29 @@ class Executor:
 
     def _define_native(self, msg: RunOp) -> None:
         """Hand C++ the plan's template: its arguments with a placeholder per hole."""
-        if msg.stream is not None:
-            raise _NotNative
         resolved = ops.resolve(msg.op)
+        # a seeded op's stream (the session default's seed and epoch) is applied by the
+        # RunOp that defines the plan; its RunPlanned calls draw on from there (the client
+        # keys that seed and epoch: after a manual_seed a new plan is made)
+        if msg.stream is not None and not resolved.seeded:
+            raise _NotNative
         fn = resolved.fn
         if msg.op in _COPY_FROM:
             fn = torch.ops.aten._copy_from.default
         if (not isinstance(fn, torch._ops.OpOverload) or resolved.generator_index is not None
-                or resolved.seeded or msg.op in _FLIPS_LAZY_BITS):
+                or msg.op in _FLIPS_LAZY_BITS):
             raise _NotNative
         holes: list = []
         placeholders: list = []
-        args = self._template(msg.args, holes, placeholders, 0)
-        kwargs = self._template(msg.kwargs, holes, placeholders, 0)
-        if type(args) is not tuple:
-            args = tuple(args) if type(args) is list else (args,)
-        if type(kwargs) is not dict:
+        if type(msg.args) not in (tuple, list) or type(msg.kwargs) is not dict:
             raise _NotNative
+        schema = fn._schema
+        names = [a.name for a in schema.arguments]
+        # top-level values know their stack slot, which a scalar hole needs (a number has no
+        # identity to be found by on the stack, as a placeholder tensor has)
+        args = tuple(self._template(v, holes, placeholders, 1, i) for i, v in enumerate(msg.args))
+        kwargs = {k: self._template(v, holes, placeholders, 1, names.index(k) if k in names else None)
+                  for k, v in msg.kwargs.items()}
         for i, out in enumerate(msg.outs):
             if out is None:
                 continue
@@ -204,16 +241,23 @@ class Executor:
             args = (args[1], args[0]) + args[2:]  # holes keep their wire order: C++ finds placeholders
         schema = fn._schema
         self.native.define(msg.plan, msg.op, schema.name, schema.overload_name, args, kwargs, placeholders, holes,
-                           len(msg.outs))
+                           len(msg.outs), resolved.seeded)
 
-    def _template(self, value: Any, holes: list, placeholders: list, depth: int) -> Any:
+    def _template(self, value: Any, holes: list, placeholders: list, depth: int, slot: Optional[int] = None) -> Any:
         """A wire value decoded with a distinct placeholder tensor in each hole, in
-        _count_holes' order; `holes` gets each hole's kind and layout."""
+        _count_holes' order; `holes` gets each hole's kind and layout. `slot`: the schema
+        index of a top-level argument, where a scalar hole's value goes."""
         t = type(value)
         if depth > 8:
             raise _NotNative
         if t is Ext:
             code = value.code
+            if code == torch_values.SCALAR:
+                number = torch_values.decode_scalar(value.value)
+                if slot is None:
+                    raise _NotNative  # inside a list: only top-level Scalar arguments are sent so
+                holes.append(("s", slot, torch_values.dtype_from_name(value.value[0])))
+                return number
             if code == torch_values.TENSOR:
                 ref = parse_ref(value.value)
                 holes.append(("t", len(placeholders), ref.dtype, ref.shape, ref.stride, ref.offset, ref.flags,
@@ -243,11 +287,16 @@ class Executor:
             self.native.run_planned(msg.plan, msg.values)
             return
         try:
-            template, holes = self._plans[msg.plan]
+            template, holes, written = self._plans[msg.plan]
         except KeyError:
             raise ProtocolError(f"plan {msg.plan} was never defined by a RunOp of this session") from None
         if len(msg.values) != holes:
             raise ProtocolError(f"plan {msg.plan} has {holes} holes, RunPlanned gave {len(msg.values)} values")
+        for hole, span in written:  # a storage the op makes (no ALLOC came for it)
+            sid = msg.values[hole]
+            if is_sid(sid) and sid != EMPTY_SID and sid not in self.table and not self.native.failed(sid):
+                self.table.alloc(sid, span)
+                self._python_made += 1
         values = iter(msg.values)
         self.run_op(RunOp(template.op, _fill(template.args, values), _fill(template.kwargs, values),
                           _fill(template.outs, values), False, template.stream))

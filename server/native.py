@@ -44,3 +44,5 @@ _native.set_error_factory(to_exception)
 
 Executor = _native.Executor
 Pool = _native.Pool
+lock_default_generator = _native.lock_default_generator
+unlock_default_generator = _native.unlock_default_generator

@@ -10,13 +10,13 @@ generator swapped to the session's state around the call.
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from ..errors import ProtocolError
+from . import native
 from .device import ComputeDevice
 from .failure import OP, Failure
 
@@ -25,8 +25,17 @@ DEFAULT_SEED = 67280421310721
 MAX_GENERATORS = 1024
 _U64 = (1 << 64) - 1
 
-# The device's default generator is process-wide: swaps of its state must not interleave.
-_default_lock = threading.Lock()
+
+@contextmanager
+def _default_lock():
+    """The device's default generator is process-wide: swaps of its state must not
+    interleave, here or in the C++ executor's seeded ops (one lock for both)."""
+    native.lock_default_generator()
+    try:
+        yield
+    finally:
+        native.unlock_default_generator()
+
 
 
 class Generators:
@@ -77,7 +86,7 @@ class Generators:
         if shared is None:
             yield
             return
-        with _default_lock:
+        with _default_lock():
             saved = shared.get_state()
             shared.set_state(self.default.get_state())
             try:

@@ -275,6 +275,7 @@ class Session(Receiving):
         elif kind is m.AllocStorage:
             self.table.alloc(item.sid, item.nbytes)
             self.executor.forget(item.sid)
+            self.executor.python_alloc_requests += 1
         elif kind is m.FreeStorage:
             for sid in item.sids:
                 self.table.free(sid)
@@ -347,6 +348,8 @@ class Session(Receiving):
             "storages": len(self.table),
             "ops_done": self.ops_done,
             "native_ops_done": self.executor.native.ops_done() if self.executor else 0,
+            "alloc_requests": self.executor.alloc_requests if self.executor else 0,
+            "storages_made": self.executor.storages_made if self.executor else 0,
             "busy_ns": self.busy_ns,
             "pending_error": self.pending is not None,
             "sink_messages": self.sink_messages,

@@ -32,7 +32,8 @@ MEMORY_FORMAT = 5  # name
 GENERATOR = 6  # (generator id, seed, epoch)
 CPU_TENSOR = 7  # (dtype, shape, raw little-endian bytes), contiguous
 GRAPH_VALUE = 8  # index of an earlier node's result inside a RunGraph
-SPARSE = 9  # (layout, size, component tensor references, coalesced): see torch_wire.sparse
+SCALAR = 9  # (dtype, raw little-endian bytes): a Scalar argument of a planned op, a RunPlanned hole
+SPARSE = 10  # (layout, size, component tensor references, coalesced): see torch_wire.sparse
 
 FLAG_CONJ = 1
 FLAG_NEG = 2
@@ -171,6 +172,40 @@ def decode_cpu_tensor(value: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
+#: how a Scalar argument's value travels as a SCALAR: its Python type -> (dtype name, packing)
+_SCALAR_TYPES = {float: ("float64", struct.Struct("<d")), int: ("int64", struct.Struct("<q")),
+                 bool: ("bool", struct.Struct("<?")), complex: ("complex128", struct.Struct("<dd"))}
+_SCALAR_UNPACK = {name: (pack, kind) for kind, (name, pack) in _SCALAR_TYPES.items()}
+
+
+def is_scalar_value(v: Any) -> bool:
+    """Whether `v` (an argument of schema type Scalar) can travel as a SCALAR."""
+    return type(v) in _SCALAR_TYPES
+
+
+def scalar_value(v: Any) -> Ext:
+    """A Scalar argument by value, as a hole that RunPlanned refills (the plan then serves
+    every value of it, such as an optimizer's step size that changes every step)."""
+    name, pack = _SCALAR_TYPES[type(v)]
+    if type(v) is int and not -(1 << 63) <= v < 1 << 63:
+        raise OverflowError(f"{v} does not fit a 64-bit integer")
+    return Ext(SCALAR, (name, pack.pack(v.real, v.imag) if type(v) is complex else pack.pack(v)))
+
+
+def decode_scalar(value: Any) -> Any:
+    """SCALAR payload -> the Python number it carries."""
+    if type(value) is not tuple or len(value) != 2 or type(value[1]) is not bytes:
+        raise ProtocolError("malformed scalar")
+    found = _SCALAR_UNPACK.get(value[0]) if type(value[0]) is str else None
+    if found is None:
+        raise ProtocolError(f"a scalar cannot have dtype {value[0]!r}")
+    pack, kind = found
+    if len(value[1]) != pack.size:
+        raise ProtocolError(f"a {value[0]} scalar has {pack.size} bytes, not {len(value[1])}")
+    fields = pack.unpack(value[1])
+    return complex(*fields) if kind is complex else fields[0]
+
+
 def check_shape(value: Any, name: str = "shape") -> tuple:
     if type(value) not in (tuple, list) or len(value) > 64 or any(type(s) is not int or s < 0 for s in value):
         raise ProtocolError(f"malformed {name} {value!r}")
@@ -195,6 +230,8 @@ def decode_value(v: Any, resolve: Callable[[int, Any], Any]) -> Any:
             return MEMORY_FORMATS[value]
         if code == CPU_TENSOR:
             return decode_cpu_tensor(value)
+        if code == SCALAR:
+            return decode_scalar(value)
         if code in (TENSOR, SPARSE, DEVICE, GENERATOR, GRAPH_VALUE):
             return resolve(code, value)
         raise ProtocolError(f"unknown value code {code}")

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace remote_accel {
 namespace {
@@ -29,6 +30,24 @@ struct Allocation {
   uint64_t session;  // the device's session generation when it was allocated
 };
 
+// Address ranges of freed storages, kept for the next storages of the same page count: a
+// loop of out-of-place ops (`y = x + 1.0`) frees and allocates one storage per op, and an
+// mmap plus an munmap (a TLB shootdown across the process's threads) per op cost more
+// than the rest of the op's tracing. Ranges are PROT_NONE and NORESERVE: keeping them
+// costs address space only, bounded by these limits.
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxCachedPages = 256;  // ranges up to 1 MiB
+constexpr size_t kMaxCachedRanges = 1024;
+
+struct RangeCache {
+  std::array<std::vector<void*>, kMaxCachedPages + 1> by_pages;
+  size_t count = 0;
+};
+
+size_t pages_of(size_t n) {
+  return (n + kPage - 1) / kPage;
+}
+
 // Per device: `session` grows whenever a session closes or dies, so storages of an older
 // generation are known to name bytes that no server holds any more. Bytes are counted
 // for the current generation only: they are what the server of this session holds.
@@ -42,6 +61,7 @@ struct Registry {
   std::array<int64_t, kMaxDevices> live_bytes{};
   std::array<int64_t, kMaxDevices> peak_bytes{};
   std::array<int64_t, kMaxDevices> limit{};  // 0: none
+  RangeCache ranges;
 };
 
 // Leaked on purpose: tensors are still freed during interpreter shutdown, after static
@@ -70,10 +90,36 @@ void delete_remote(void* ptr) {
       r.freed[a.device].push_back(a.id);
       r.live_bytes[a.device] -= static_cast<int64_t>(a.nbytes);
     }
+    // Kept or unmapped only once the entry is gone, so that no other allocation gets the
+    // same range while the map still names it.
+    const auto pages = pages_of(a.nbytes);
+    if (pages <= kMaxCachedPages && r.ranges.count < kMaxCachedRanges) {
+      r.ranges.by_pages[pages].push_back(ptr);
+      ++r.ranges.count;
+      return;
+    }
   }
-  // Unmapped only once the entry is gone, so the kernel cannot hand the same range to
-  // another allocation while the map still names it.
   munmap(ptr, a.nbytes);
+}
+
+// A cached range of `n` bytes' page count, or nullptr; the caller holds the registry's lock.
+void* cached_range(Registry& r, size_t n) {
+  const auto pages = pages_of(n);
+  if (pages > kMaxCachedPages || r.ranges.by_pages[pages].empty()) {
+    return nullptr;
+  }
+  void* p = r.ranges.by_pages[pages].back();
+  r.ranges.by_pages[pages].pop_back();
+  --r.ranges.count;
+  return p;
+}
+
+// The caller holds the registry's lock.
+void register_allocation(Registry& r, void* p, size_t n, c10::DeviceIndex index) {
+  r.live.emplace(p, Allocation{r.next_id++, n, index, r.session[index]});
+  ++r.live_count[index];
+  r.live_bytes[index] += static_cast<int64_t>(n);
+  r.peak_bytes[index] = std::max(r.peak_bytes[index], r.live_bytes[index]);
 }
 
 struct RemoteAllocator final : c10::Allocator {
@@ -83,6 +129,7 @@ struct RemoteAllocator final : c10::Allocator {
       return {nullptr, nullptr, &delete_remote, device};
     }
     auto& r = registry();
+    void* p = nullptr;
     {
       // As on CUDA, the allocating call fails (torch.OutOfMemoryError), not a later sync:
       // the session's limit is known here, and the server would refuse the same bytes.
@@ -92,23 +139,24 @@ struct RemoteAllocator final : c10::Allocator {
       TORCH_CHECK_WITH(OutOfMemoryError, limit == 0 || static_cast<int64_t>(n) <= limit - used,
                        "remote_accel: out of memory: allocating ", n, " bytes on ", device, " would exceed the "
                        "server's memory limit for this session (", used, " of ", limit, " bytes in use)");
+      p = cached_range(r, n);
+      if (p != nullptr) {
+        register_allocation(r, p, n, device.index());
+        return {p, p, &delete_remote, device};
+      }
     }
     // The bytes live on the server. The range is reserved, never readable: every storage
     // gets addresses of its own (ATen's overlap checks compare pointers), and a stray
     // dereference faults instead of scribbling on host memory. NORESERVE + PROT_NONE
     // costs no memory and no overcommit.
-    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     // ENOMEM here usually means vm.max_map_count: each live storage is one mapping at
     // worst (freed neighbours split merged ranges).
     TORCH_CHECK(p != MAP_FAILED, "remote_accel: cannot reserve ", n,
                 " bytes of address space for a remote storage: ", std::strerror(errno),
                 errno == ENOMEM ? " (too many live storages for vm.max_map_count?)" : "");
     std::lock_guard<std::mutex> lock(r.mu);
-    const auto index = device.index();
-    r.live.emplace(p, Allocation{r.next_id++, n, index, r.session[index]});
-    ++r.live_count[index];
-    r.live_bytes[index] += static_cast<int64_t>(n);
-    r.peak_bytes[index] = std::max(r.peak_bytes[index], r.live_bytes[index]);
+    register_allocation(r, p, n, device.index());
     return {p, p, &delete_remote, device};
   }
 

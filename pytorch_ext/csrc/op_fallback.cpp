@@ -70,25 +70,18 @@ py::object argument_to_python(const c10::Argument& argument, const c10::IValue& 
 std::pair<py::tuple, py::dict> arguments_to_python(const c10::FunctionSchema& schema,
                                                    const std::vector<c10::IValue>& values) {
   const auto& arguments = schema.arguments();
-  auto is_default = [&](size_t i) {
-    const auto& fallback = arguments[i].default_value();
-    return fallback.has_value() && *fallback == values[i];
-  };
-  size_t keyword_start = values.size();
-  while (keyword_start > 0 && arguments[keyword_start - 1].kwarg_only()) {
-    --keyword_start;
-  }
-  size_t positional_end = keyword_start;
-  while (positional_end > 0 && is_default(positional_end - 1)) {
-    --positional_end;
+  const auto passed = passed_arguments(schema, values);
+  size_t positional_end = 0;
+  while (positional_end < values.size() && !arguments[positional_end].kwarg_only() && passed[positional_end]) {
+    ++positional_end;
   }
   py::tuple args(positional_end);
   for (size_t i = 0; i < positional_end; ++i) {
     args[i] = argument_to_python(arguments[i], values[i]);
   }
   py::dict kwargs;
-  for (size_t i = keyword_start; i < values.size(); ++i) {
-    if (!is_default(i)) {
+  for (size_t i = positional_end; i < values.size(); ++i) {
+    if (passed[i] && arguments[i].kwarg_only()) {
       kwargs[py::str(arguments[i].name())] = argument_to_python(arguments[i], values[i]);
     }
   }
@@ -141,7 +134,7 @@ std::shared_ptr<const Plan> parse_plan(py::handle value, const c10::FunctionSche
     }
     plan->results.push_back(std::move(result));
   }
-  if (plan->results.size() != schema.returns().size() || plan->n_inputs != call.tensors.size()) {
+  if (plan->results.size() != schema.returns().size() || plan->n_inputs != call.holes()) {
     return nullptr;
   }
   for (const auto& t : call.tensors) {
@@ -189,7 +182,7 @@ void op_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto& p = plans();
   Call call;
   const bool keyed =
-      !info.never && describe_call(info, torch::jit::last(*stack, op.schema().arguments().size()), call);
+      !info.never && describe_call(info, op.schema(), torch::jit::last(*stack, op.schema().arguments().size()), call);
   if (keyed) {
     std::shared_ptr<const Plan> plan;
     {

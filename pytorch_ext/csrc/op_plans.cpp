@@ -44,6 +44,33 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
     std::sort(keyword.begin(), keyword.end(),
               [&](size_t a, size_t b) { return arguments[a].name() < arguments[b].name(); });
     slot->encoding_order.insert(slot->encoding_order.end(), keyword.begin(), keyword.end());
+    // arange and range take their results' length from Scalar values: those stay keyed
+    // (fallback.py's _scalar_arguments says the same)
+    slot->seeded = op.hasTag(at::Tag::nondeterministic_seeded) &&
+                   std::none_of(arguments.begin(), arguments.end(), [](const c10::Argument& a) {
+                     auto type = a.real_type();
+                     if (auto optional = type->cast<c10::OptionalType>()) {
+                       type = optional->getElementType();
+                     }
+                     return type->kind() == c10::TypeKind::GeneratorType;
+                   });
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const auto* alias = arguments[i].alias_info();
+      slot->written.push_back((alias != nullptr && alias->isWrite()) ||
+                              (i == 1 && schema.name() == "aten::_copy_from"));  // (self, dst): the server's copy_
+    }
+    const bool shape_from_scalars = schema.name() == "aten::arange" || schema.name() == "aten::range";
+    for (const auto& argument : arguments) {
+      if (shape_from_scalars) {
+        slot->scalar.push_back(false);
+        continue;
+      }
+      auto type = argument.real_type();
+      if (auto optional = type->cast<c10::OptionalType>()) {
+        type = optional->getElementType();
+      }
+      slot->scalar.push_back(type->kind() == c10::TypeKind::NumberType);
+    }
   }
   return *slot;
 }
@@ -137,15 +164,17 @@ bool key_value(Call& call, const c10::IValue& v, bool in_list) {
   return true;
 }
 
-void collect_tensors(Call& call, const c10::IValue& v) {
+void collect_tensors(Call& call, const c10::IValue& v, bool written) {
   if (v.isTensor()) {
     if (v.toTensor().defined()) {
       call.tensors.push_back(v.toTensor());
+      call.written.push_back(written);
     }
   } else if (v.isList()) {
     for (const auto& item : v.toListRef()) {
       if (item.isTensor() && item.toTensor().defined()) {
         call.tensors.push_back(item.toTensor());
+        call.written.push_back(written);
       }
     }
   }
@@ -153,12 +182,50 @@ void collect_tensors(Call& call, const c10::IValue& v) {
 
 } // namespace
 
+std::vector<bool> passed_arguments(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> values) {
+  const auto& arguments = schema.arguments();
+  auto is_default = [&](size_t i) {
+    const auto& fallback = arguments[i].default_value();
+    return fallback.has_value() && *fallback == values[i];
+  };
+  size_t keyword_start = values.size();
+  while (keyword_start > 0 && arguments[keyword_start - 1].kwarg_only()) {
+    --keyword_start;
+  }
+  size_t positional_end = keyword_start;
+  while (positional_end > 0 && is_default(positional_end - 1)) {
+    --positional_end;
+  }
+  std::vector<bool> passed(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    passed[i] = i < positional_end || (i >= keyword_start && !is_default(i));
+  }
+  return passed;
+}
+
 // False when some argument cannot be keyed: the call then always goes to Python.
-bool describe_call(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Call& call) {
+bool describe_call(const OpInfo& info, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                   Call& call) {
   call.key.reserve(256);
   // Plans hold dtypes that factories without a dtype argument took from the default.
   put_raw<int8_t>(call.key, static_cast<int8_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
-  for (const auto& v : args) {
+  // Scalar arguments that Python is passed travel as values: only their kind is keyed
+  // (it can change the results' dtype; the value cannot change their metadata).
+  c10::SmallVector<bool, 8> hole(args.size(), false);
+  std::vector<bool> passed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& v = args[i];
+    if (info.scalar[i] && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) {
+      if (passed.empty()) {
+        passed = passed_arguments(schema, args);
+      }
+      if (passed[i]) {
+        hole[i] = true;
+        call.key.push_back('S');
+        call.key.push_back(v.isDouble() ? 'd' : v.isInt() ? 'i' : v.isBool() ? 'b' : 'c');
+        continue;
+      }
+    }
     if (!key_value(call, v, false)) {
       return false;
     }
@@ -167,8 +234,17 @@ bool describe_call(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Call& ca
     call.device = current_device();
   }
   put_raw<int8_t>(call.key, call.device);
+  if (info.seeded) {
+    const auto [id, seed, epoch] = generator_info(default_generator(call.device));
+    put_raw<uint64_t>(call.key, seed);
+    put_raw<uint64_t>(call.key, epoch);
+  }
   for (size_t i : info.encoding_order) {
-    collect_tensors(call, args[i]);
+    if (hole[i]) {
+      call.scalars.emplace_back(call.holes(), args[i].toScalar());
+    } else {
+      collect_tensors(call, args[i], info.written[i]);
+    }
   }
   return true;
 }

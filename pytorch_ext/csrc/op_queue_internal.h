@@ -89,6 +89,19 @@ struct OpInfo {
   // Argument indices in the order fallback.py encodes them: positional, then keyword-only
   // by name (its kwargs are encoded sorted).
   std::vector<size_t> encoding_order;
+  // By schema index: a Scalar (or Scalar?) argument, sent as a value (a hole of the plan,
+  // not part of its key) whenever Python's slow path is passed it: a changing step size
+  // then does not make a new plan every step.
+  std::vector<bool> scalar;
+  // By schema index: an argument the op writes (out=, in-place self; _copy_from's dst).
+  // A storage the server has not seen that an op only writes needs no ALLOC: the server
+  // makes it from the plan's layout (op_serve.cpp, server/csrc/executor.cpp).
+  std::vector<bool> written;
+  // Draws random numbers from the default stream without a generator argument
+  // (native_dropout): the default generator's (seed, epoch) is keyed, so that a plan made
+  // before a manual_seed never serves a call after it (the server reseeds at the RunOp
+  // that makes the next plan, and each plan's calls draw on from there).
+  bool seeded = false;
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
 };
 
@@ -111,10 +124,20 @@ struct Call {
   std::string key;
   c10::DeviceIndex device = -1;  // the op's device, as fallback._device_index finds it
   c10::SmallVector<at::Tensor, 8> tensors;  // tensor arguments in encoding order
+  c10::SmallVector<bool, 8> written;  // per tensor: its argument is written by the op
+  // Scalar arguments sent as values: (the number of holes before it, its value)
+  c10::SmallVector<std::pair<size_t, c10::Scalar>, 2> scalars;
+  size_t holes() const { return tensors.size() + scalars.size(); }
 };
 
+// Which arguments Python's slow path is passed (fallback.py sees no others): all up to
+// the trailing positional ones equal to their defaults, and keyword-only ones that are
+// not equal to their defaults.
+std::vector<bool> passed_arguments(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> values);
+
 // False when some argument cannot be keyed: the call then always goes to Python.
-bool describe_call(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Call& call);
+bool describe_call(const OpInfo& info, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                   Call& call);
 
 // Queues the call from its plan and replaces the arguments on the stack with the
 // results; false (stack untouched) when the device's queue is closed.

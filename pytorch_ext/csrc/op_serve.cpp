@@ -1,8 +1,9 @@
 // Serving a call from its cached plan, in C++ and without the GIL: the results made as the
 // plan says (arguments, views of them, fresh tensors), and the RUN_PLANNED batch item
-// (plan id, then per tensor argument its storage id or CPU scalar bytes, then per fresh
+// (plan id, then per tensor or Scalar argument its storage id or bytes, then per fresh
 // result its id) appended to the device's queue, with an ALLOC first for each storage the
-// server has not seen. The plans themselves are made in Python (fallback.py).
+// server has not seen, unless the op writes it whole (the server then makes it). The plans
+// themselves are made in Python (fallback.py).
 #include "op_queue_internal.h"
 
 #include <ATen/EmptyTensor.h>
@@ -23,6 +24,39 @@ void make_fresh(const std::vector<Result>& results, c10::SmallVector<at::Tensor,
     } else if (r.kind == Result::kList) {
       make_fresh(r.items, fresh);
     }
+  }
+}
+
+// Whether `t` reaches exactly the whole of its storage. A storage the server has not seen
+// that an op writes first (an out= result, a factory's fill_) is made by the server from
+// the plan's layout of `t`, so it needs no ALLOC only when that layout spans all of it.
+bool spans_storage(const at::Tensor& t) {
+  int64_t span = 0;
+  if (t.numel() != 0) {
+    span = t.storage_offset() + 1;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      span += (t.size(d) - 1) * t.stride(d);
+    }
+    span *= static_cast<int64_t>(t.element_size());
+  }
+  return span == static_cast<int64_t>(t.storage().nbytes());
+}
+
+// A Scalar argument's value, as torch_wire/values.py's scalar_value packs it.
+void put_scalar(std::string& out, const c10::Scalar& s) {
+  if (s.isComplex()) {
+    const auto c = s.toComplexDouble();
+    const double parts[2] = {c.real(), c.imag()};
+    put_bytes(out, parts, sizeof parts);
+  } else if (s.isFloatingPoint()) {
+    const double v = s.toDouble();
+    put_bytes(out, &v, sizeof v);
+  } else if (s.isBoolean()) {
+    const uint8_t v = s.toBool() ? 1 : 0;
+    put_bytes(out, &v, 1);
+  } else {
+    const int64_t v = s.toLong();
+    put_bytes(out, &v, sizeof v);
   }
 }
 
@@ -88,7 +122,7 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
     }
     for (size_t i = 0; i < call.tensors.size(); ++i) {
       const auto sid = input_sids[i];
-      if (sid != 0 && q.announced.insert(sid).second) {
+      if (sid != 0 && q.announced.insert(sid).second && !(call.written[i] && spans_storage(call.tensors[i]))) {
         put_alloc(q, sid, call.tensors[i].storage().nbytes());
       }
     }
@@ -98,8 +132,15 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
     put_int(out, g_run_planned_type.load(std::memory_order_relaxed));
     put_tuple_header(out, 2);
     put_int(out, plan.id);
-    put_tuple_header(out, static_cast<uint32_t>(call.tensors.size() + fresh_sids.size()));
-    for (size_t i = 0; i < call.tensors.size(); ++i) {
+    put_tuple_header(out, static_cast<uint32_t>(call.holes() + fresh_sids.size()));
+    size_t scalar = 0;  // scalars go where they were met among the tensors
+    for (size_t i = 0; i <= call.tensors.size(); ++i) {
+      for (; scalar < call.scalars.size() && call.scalars[scalar].first == i + scalar; ++scalar) {
+        put_scalar(out, call.scalars[scalar].second);
+      }
+      if (i == call.tensors.size()) {
+        break;
+      }
       const auto& t = call.tensors[i];
       if (t.is_cpu()) {  // a 0-dim CPU tensor: its value as it lies in memory
         put_bytes(out, t.const_data_ptr(), static_cast<uint32_t>(t.element_size()));

@@ -100,6 +100,7 @@ Executor::Stop Executor::resume(size_t first) {
         const int64_t sid = r.int_value("sid");
         table_.alloc(sid, r.int_value("nbytes"));
         forget(sid);
+        alloc_requests_.store(alloc_requests() + 1, std::memory_order_relaxed);
       } else if (item.type == wire::kFree) {
         const uint32_t n = r.container(wire::kTuple, "sids");
         std::vector<int64_t> sids(n);

@@ -54,6 +54,34 @@ Error op_error(const std::string& op) {
   }
 }
 
+// A Scalar argument from its bytes (torch_wire/values.py scalar_value).
+c10::IValue scalar_value(c10::ScalarType dtype, std::string_view bytes) {
+  const auto need = dtype == at::kBool ? 1u : dtype == at::kComplexDouble ? 16u : 8u;
+  if (bytes.size() != need) {
+    fail("protocol", "a " + std::string(c10::toString(dtype)) + " scalar has " + std::to_string(need) +
+                         " bytes, RunPlanned gave " + std::to_string(bytes.size()));
+  }
+  switch (dtype) {
+    case at::kDouble: {
+      double v;
+      std::memcpy(&v, bytes.data(), 8);
+      return v;
+    }
+    case at::kLong: {
+      int64_t v;
+      std::memcpy(&v, bytes.data(), 8);
+      return v;
+    }
+    case at::kBool:
+      return bytes[0] != 0;
+    default: {
+      double v[2];
+      std::memcpy(v, bytes.data(), 16);
+      return c10::complex<double>(v[0], v[1]);
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor Executor::view(const c10::Storage& storage, const Layout& layout) const {
@@ -115,10 +143,11 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
   }
   std::vector<int64_t> out_sids;
   for (size_t i = 0; i < values.size(); ++i) {
-    const bool cpu = t.holes[i].kind == Hole::kCpu;
-    if (values[i].other || values[i].is_bytes != cpu) {
-      fail("protocol", cpu ? "a RunPlanned value for a CPU tensor must be bytes"
-                           : "a RunPlanned value for a tensor reference must be a storage id");
+    const bool bytes = t.holes[i].kind == Hole::kCpu || t.holes[i].kind == Hole::kScalar;
+    if (values[i].other || values[i].is_bytes != bytes) {
+      fail("protocol", t.holes[i].kind == Hole::kScalar ? "a RunPlanned value for a scalar must be bytes"
+                       : bytes                           ? "a RunPlanned value for a CPU tensor must be bytes"
+                                                         : "a RunPlanned value for a tensor reference must be a storage id");
     }
     if (t.holes[i].kind == Hole::kOut) {
       out_sids.push_back(values[i].sid);
@@ -142,11 +171,24 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
       const Hole& hole = t.holes[i];
       at::Tensor tensor;
       if (hole.kind == Hole::kTensor) {
+        const auto sid = values[i].sid;
+        if (hole.written && sid != 0 && !table_.contains(sid) && !failed(sid)) {
+          table_.alloc(sid, hole.layout.span);  // a storage the op makes (Hole::written)
+          storages_made_.store(storages_made() + 1, std::memory_order_relaxed);
+        }
         touched.push_back(values[i].sid);
         tensor = view(input(values[i].sid, hole.layout, scratch), hole.layout);
+      } else if (hole.kind == Hole::kScalar) {
+        stack[hole.slot] = scalar_value(hole.layout.dtype, values[i].bytes);
+        continue;
       } else if (hole.kind == Hole::kCpu) {
         const auto& bytes = values[i].bytes;
-        tensor = at::empty(hole.layout.sizes, at::TensorOptions().dtype(hole.layout.dtype));
+        if (hole.scratch.defined() && hole.scratch.use_count() == 1 && hole.scratch.storage().use_count() == 1) {
+          tensor = hole.scratch;
+        } else {
+          tensor = at::empty(hole.layout.sizes, at::TensorOptions().dtype(hole.layout.dtype));
+          hole.scratch = tensor;
+        }
         if (bytes.size() != tensor.nbytes()) {
           fail("protocol", "inline tensor has " + std::to_string(bytes.size()) + " bytes, shape " +
                                shape_text(hole.layout.sizes) + " needs " + std::to_string(tensor.nbytes()));
@@ -170,7 +212,11 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
     }
     table_.check_fits(need);  // refuse, before running, outputs over the limit
     table_.room(need);
-    t.op.callBoxed(stack);
+    if (t.seeded) {
+      call_seeded(t, stack);
+    } else {
+      t.op.callBoxed(stack);
+    }
     ops_done_.store(ops_done_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // one writer
     bind(t, stack, out_sids, touched);
   } catch (...) {
@@ -187,6 +233,40 @@ void Executor::run(int64_t plan, const std::vector<Value>& values) {
     throw ErrorThrown{std::move(error)};
   }
   table_.resync(touched.data(), touched.size());
+}
+
+std::mutex& default_generator_mutex() {
+  static auto* mu = new std::mutex();  // leaked: sessions may run during interpreter exit
+  return *mu;
+}
+
+namespace {
+c10::intrusive_ptr<c10::TensorImpl> state_of(at::Generator& gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state().getIntrusivePtr();
+}
+void set_state_of(at::Generator& gen, const c10::intrusive_ptr<c10::TensorImpl>& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(at::Tensor(state));
+}
+}  // namespace
+
+void Executor::call_seeded(const Template& t, std::vector<c10::IValue>& stack) {
+  if (!has_generators()) {
+    fail("protocol", t.name + " draws random numbers, and this session has no generator for it");
+  }
+  std::lock_guard<std::mutex> lock(default_generator_mutex());
+  const auto saved = state_of(shared_generator_);
+  set_state_of(shared_generator_, state_of(own_generator_));
+  struct Restore {  // also when the op throws, as as_device_default's finally does
+    Executor& self;
+    const c10::intrusive_ptr<c10::TensorImpl>& saved;
+    ~Restore() {
+      set_state_of(self.own_generator_, state_of(self.shared_generator_));
+      set_state_of(self.shared_generator_, saved);
+    }
+  } restore{*this, saved};
+  t.op.callBoxed(stack);
 }
 
 void Executor::bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,

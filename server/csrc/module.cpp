@@ -63,13 +63,16 @@ py::list views(Executor& s, const py::sequence& refs) {
 // that the schema turned into something else, an op the dispatcher does not know).
 bool define(Executor& self, int64_t plan, const std::string& name, const std::string& op_name,
             const std::string& overload, const py::tuple& args, const py::dict& kwargs,
-            const std::vector<at::Tensor>& placeholders, const py::list& holes, size_t n_outs) {
+            const std::vector<at::Tensor>& placeholders, const py::list& holes, size_t n_outs, bool seeded) {
   self.drop(plan);
+  if (seeded && !self.has_generators()) {
+    return false;
+  }
   auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
   if (!handle) {
     return false;
   }
-  auto t = std::make_shared<Template>(Template{*handle, name, {}, {}, n_outs, {}});
+  auto t = std::make_shared<Template>(Template{*handle, name, {}, {}, n_outs, {}, seeded});
   try {
     t->stack = torch::jit::createStackForSchema(handle->schema(), torch::jit::tuple_slice(args),
                                                 py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
@@ -105,6 +108,21 @@ bool define(Executor& self, int64_t plan, const std::string& name, const std::st
       hole.out = spec[1].cast<int64_t>();
       if (hole.out < 0 || static_cast<size_t>(hole.out) >= n_outs) return false;
       hole.layout = layout_of(spec, 2);
+    } else if (kind == "s") {
+      hole.kind = Hole::kScalar;
+      hole.slot = spec[1].cast<int64_t>();
+      hole.layout.dtype = spec[2].cast<at::ScalarType>();
+      const auto type = hole.layout.dtype;
+      if (hole.slot < 0 || static_cast<size_t>(hole.slot) >= t->stack.size() ||
+          !(type == at::kDouble || type == at::kLong || type == at::kBool || type == at::kComplexDouble)) {
+        return false;
+      }
+      const auto& argument = handle->schema().arguments()[hole.slot];
+      auto real = argument.real_type();
+      if (auto optional = real->cast<c10::OptionalType>()) {
+        real = optional->getElementType();
+      }
+      if (real->kind() != c10::TypeKind::NumberType) return false;  // only Scalar arguments take numbers
     } else {
       hole.kind = kind == "t" ? Hole::kTensor : Hole::kCpu;
       const auto index = spec[1].cast<size_t>();
@@ -114,6 +132,8 @@ bool define(Executor& self, int64_t plan, const std::string& name, const std::st
       std::tie(hole.slot, hole.item) = it->second;
       where.erase(it);  // each placeholder fills one hole
       hole.layout = layout_of(spec, 2);
+      const auto* alias = handle->schema().arguments()[hole.slot].alias_info();
+      hole.written = hole.kind == Hole::kTensor && alias != nullptr && alias->isWrite();
     }
     t->holes.push_back(std::move(hole));
   }
@@ -146,6 +166,13 @@ std::vector<Executor::Value> values_of(const py::tuple& values) {
 PYBIND11_MODULE(_native, m) {
   using namespace remote_accel::server;
   m.attr("VERSION") = REMOTE_ACCEL_VERSION;
+  // server/rng.py's as_device_default takes the lock the C++ executor takes (waiting
+  // without the GIL, which a session's thread may need meanwhile)
+  m.def("lock_default_generator", [] {
+    py::gil_scoped_release no_gil;
+    default_generator_mutex().lock();
+  });
+  m.def("unlock_default_generator", [] { default_generator_mutex().unlock(); });
   m.def("set_error_factory", [](py::object factory) {
     delete g_error_factory;
     g_error_factory = new py::object(std::move(factory));
@@ -224,10 +251,13 @@ PYBIND11_MODULE(_native, m) {
       .def("clear_failed", &Executor::clear_failed)
       // -- plans
       .def("define", &define)
+      .def("set_generators", &Executor::set_generators)
       .def("drop", &Executor::drop)
       .def("planned", &Executor::planned)
       .def("clear_plans", &Executor::clear_plans)
       .def("ops_done", &Executor::ops_done)
+      .def("alloc_requests", &Executor::alloc_requests)
+      .def("storages_made", &Executor::storages_made)
       .def("run_planned", [](Executor& s, int64_t plan, const py::tuple& values) {
         const auto converted = values_of(values);
         py::gil_scoped_release no_gil;

@@ -11,9 +11,12 @@
 
 #include "swap.h"
 
+#include <ATen/core/Generator.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -131,11 +134,19 @@ struct Layout {
 
 // Where one RunPlanned value goes.
 struct Hole {
-  enum Kind : uint8_t { kTensor, kCpu, kOut } kind;
-  Layout layout;  // kTensor, kOut; kCpu: dtype and sizes
-  int64_t slot = -1;  // kTensor, kCpu: index into the stack
+  // kScalar: a Scalar argument sent as a value (float64, int64, bool or complex128 bytes)
+  enum Kind : uint8_t { kTensor, kCpu, kOut, kScalar } kind;
+  Layout layout;  // kTensor, kOut; kCpu: dtype and sizes; kScalar: dtype
+  int64_t slot = -1;  // kTensor, kCpu, kScalar: index into the stack
   int64_t item = -1;  // inside the list at that slot, or -1
   int64_t out = -1;  // kOut: result index
+  // kTensor: the op writes this argument, so a storage id the session has not seen is
+  // made here from the layout (the client sends no ALLOC for it: out= results, factories)
+  bool written = false;
+  // kCpu: the tensor the last run filled, filled again by the next one when nothing else
+  // kept it (an at::empty per scalar argument was 9% of a batch); the session's thread alone
+  // runs its templates
+  mutable at::Tensor scratch;
 };
 
 struct Template {
@@ -145,7 +156,14 @@ struct Template {
   std::vector<Hole> holes;  // in wire order
   size_t n_outs = 0;  // RunOp.outs' length (None outs have no hole)
   std::vector<size_t> list_slots;  // stack slots holding lists with holes: copied per call
+  // Draws from the device's default generator (native_dropout): run with it holding the
+  // session's default generator's state (server/rng.py's as_device_default)
+  bool seeded = false;
 };
+
+// The lock around swaps of the device's process-wide default generator's state (one per
+// process, shared with server/rng.py's as_device_default).
+std::mutex& default_generator_mutex();
 
 class Executor {
  public:
@@ -155,8 +173,17 @@ class Executor {
   Table& table() { return table_; }
   // read by metrics from other threads while a batch runs: atomic
   int64_t ops_done() const { return ops_done_.load(std::memory_order_relaxed); }
+  // ALLOC requests run, and storages made for ops that write them instead (Hole::written)
+  int64_t alloc_requests() const { return alloc_requests_.load(std::memory_order_relaxed); }
+  int64_t storages_made() const { return storages_made_.load(std::memory_order_relaxed); }
 
   void define(int64_t plan, std::shared_ptr<const Template> t) { plans_[plan] = std::move(t); }
+  // The session's default generator and the device's shared one, for seeded templates.
+  void set_generators(at::Generator own, at::Generator shared) {
+    own_generator_ = std::move(own);
+    shared_generator_ = std::move(shared);
+  }
+  bool has_generators() const { return own_generator_.defined() && shared_generator_.defined(); }
   void drop(int64_t plan) { plans_.erase(plan); }
   bool planned(int64_t plan) const { return plans_.count(plan) != 0; }
   void clear_plans() { plans_.clear(); }
@@ -199,8 +226,12 @@ class Executor {
   void run_item(size_t i);
   void lookahead(size_t i);  // swap.cpp
 
+  void call_seeded(const Template& t, std::vector<c10::IValue>& stack);
+
   Table table_;
+  at::Generator own_generator_, shared_generator_;
   std::atomic<int64_t> ops_done_{0};
+  std::atomic<int64_t> alloc_requests_{0}, storages_made_{0};  // one writer: the session's thread
   std::unordered_map<int64_t, std::shared_ptr<const Template>> plans_;
   std::unordered_set<int64_t> failed_;
 

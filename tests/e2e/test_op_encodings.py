@@ -8,6 +8,7 @@ announce storages the server has not seen, and keep requests in the order they w
 
 from __future__ import annotations
 
+import copy
 import struct
 import threading
 import time
@@ -54,7 +55,7 @@ def _served() -> int:
 
 def _holes(value) -> list:
     """A RunOp's plan holes in wire order: tensor references' storage ids, inline CPU
-    tensors' bytes (what the server fills from a RunPlanned's values)."""
+    tensors' and Scalar arguments' bytes (what the server fills from a RunPlanned's values)."""
     if isinstance(value, m.RunOp):
         return _holes((value.args, value.kwargs, value.outs))
     if isinstance(value, codec.Ext):
@@ -62,6 +63,8 @@ def _holes(value) -> list:
             return [value.value[0]]
         if value.code == torch_values.CPU_TENSOR:
             return [value.value[2]]
+        if value.code == torch_values.SCALAR:
+            return [value.value[1]]
         return []
     if isinstance(value, (list, tuple)):
         return [h for v in value for h in _holes(v)]
@@ -85,9 +88,10 @@ def test_a_served_call_fills_the_holes_of_the_call_that_made_the_plan(session):
     (planned,) = _of_type(items, m.RunPlanned)
     assert planned.plan == defining.plan
     before, now = _holes(defining), list(planned.values)
-    assert len(now) == len(before) == 4  # self, tensor1, tensor2, out
+    assert len(now) == len(before) == 5  # self, tensor1, tensor2, then keywords by name: out, value
     assert now[:3] == before[:3] == [fallback._C.storage_id(t) for t in (a, b, b)]
     assert now[3] == fallback._C.storage_id(again) != before[3] == fallback._C.storage_id(first)
+    assert now[4] == before[4] == struct.pack("<d", 0.5)
     torch.testing.assert_close(again.cpu(), first.cpu())
     torch.testing.assert_close(again.cpu(), torch.addcmul(a.cpu()[1:], b.cpu(), b.cpu(), value=0.5))
 
@@ -107,10 +111,36 @@ def test_scalars_are_never_replayed(session):
     for step in range(1, 6):  # wrapped numbers: CPU scalars filled in per call
         x.add_(float(step))
     assert x.cpu().tolist() == [15.0] * 3
-    for value in (0.0, -0.0, 2.5):  # Scalar arguments: part of the cache key, -0.0 too
+    for value in (0.0, -0.0, 2.5):  # Scalar arguments: values filled in per call, -0.0 too
         x.fill_(value)
         assert torch.equal(torch.signbit(x).cpu(), torch.signbit(torch.full((3,), value)))
         assert x.cpu().tolist() == [value] * 3
+
+
+def test_scalar_arguments_travel_as_values_not_in_the_plan(session):
+    """An optimizer's step size changes every step: one plan serves every value, and each
+    call computes with its own (floats, ints, bools and complex numbers alike)."""
+    p = torch.randn(6, device="remote_accel")
+    g, v = torch.randn(6, device="remote_accel"), torch.rand(6, device="remote_accel") + 0.5
+    expected, g_cpu, v_cpu = p.cpu(), g.cpu(), v.cpu()
+    session.flush()
+    fallback.forget_plans()
+    plans = fallback._C.plan_stats()[0]
+    for step in range(1, 8):
+        value = -0.01 / step
+        p.addcdiv_(g, v, value=value)  # AdamW's addcdiv.out with the step size
+        expected.addcdiv_(g_cpu, v_cpu, value=value)
+    assert fallback._C.plan_stats()[0] - plans == 1  # the first call made the one plan
+    planned = _of_type(_queued(session), m.RunPlanned)
+    assert [p.values[-1] for p in planned] == [struct.pack("<d", -0.01 / step) for step in range(2, 8)]
+    assert torch.equal(p.cpu(), expected)
+    i = torch.arange(6, device="remote_accel")
+    assert torch.equal(i.add(3, alpha=2).cpu(), torch.arange(6) + 6)  # an int Scalar
+    assert torch.equal(i.add(5, alpha=-1).cpu(), torch.arange(6) - 5)  # served, another value
+    c = torch.zeros(2, dtype=torch.complex64, device="remote_accel")
+    for z in (1 + 2j, -3.5j):
+        c.add_(torch.ones(2, dtype=torch.complex64, device="remote_accel"), alpha=z)
+    assert torch.equal(c.cpu(), torch.full((2,), 1 - 1.5j, dtype=torch.complex64))
 
 
 def test_every_call_names_its_own_tensors(session):
@@ -120,17 +150,49 @@ def test_every_call_names_its_own_tensors(session):
 
 
 def test_a_storage_the_server_has_not_seen_is_announced_first(session):
-    first = torch.empty(3, device="remote_accel")
-    first.fill_(2.0)  # makes fill_'s plan
-    assert first.cpu().tolist() == [2.0] * 3
-    fresh = torch.empty(3, device="remote_accel")  # a storage only the client knows
+    x = torch.zeros(3, device="remote_accel")
+    x.add_(torch.ones(3, device="remote_accel"))  # makes add_'s plan
+    fresh = torch.empty(3, device="remote_accel").fill_(2.0)  # a storage the server makes (below)
+    session.flush()
+    other = torch.empty(3, device="remote_accel")  # a storage only the client knows, read first
     served = _served()
-    fresh.fill_(2.0)
+    x.add_(other)
     assert _served() == served + 1
     alloc, run = _queued(session)[-2:]
     assert alloc[0] == m.AllocStorage.TYPE and run[0] == m.RunPlanned.TYPE
-    assert m.from_fields(m.AllocStorage, tuple(alloc[1])).sid == fallback._C.storage_id(fresh)
+    assert m.from_fields(m.AllocStorage, tuple(alloc[1])).sid == fallback._C.storage_id(other)
     assert fresh.cpu().tolist() == [2.0] * 3
+
+
+def test_storages_an_op_writes_need_no_alloc(session):
+    """out= results (PyTorch routes add and sum to add.out and sum.IntList_out), a
+    factory's fill_ and a copy into a new tensor write a storage the server has not seen: no ALLOC travels for it, the
+    server makes it from the plan's layout (its counters say so)."""
+    a, b = torch.randn(4, 5, device="remote_accel"), torch.randn(4, 5, device="remote_accel")
+    ca, cb = a.cpu(), b.cpu()
+    for _ in range(2):  # the first calls make the plans
+        torch.add(a, b, alpha=2, out=torch.empty(4, 5, device="remote_accel"))
+        torch.sum(a, 1, out=torch.empty(4, device="remote_accel"))
+        torch.full((3,), 1.0, device="remote_accel")
+        a.t().contiguous()  # empty, then copy_ (_copy_from) into it
+    session.sync()
+    before = session.stats()
+    outs, sums, fulls, copies = [], [], [], []
+    for i in range(10):
+        copies.append(a.t().contiguous())
+        outs.append(torch.add(a, b, alpha=i + 2, out=torch.empty(4, 5, device="remote_accel")))  # 1 is the default
+        sums.append(torch.sum(b, 1, out=torch.empty(4, device="remote_accel")))
+        fulls.append(torch.full((3,), float(i), device="remote_accel"))  # empty, then fill_
+    items = _queued(session)
+    assert not _of_type(items, m.AllocStorage)
+    after = session.stats()
+    assert after["alloc_requests"] == before["alloc_requests"]
+    assert after["storages_made"] - before["storages_made"] == 40
+    for i in range(10):
+        torch.testing.assert_close(outs[i].cpu(), torch.add(ca, cb, alpha=i + 2))
+        torch.testing.assert_close(sums[i].cpu(), cb.sum(1))
+        assert fulls[i].cpu().tolist() == [float(i)] * 3
+        assert torch.equal(copies[i].cpu(), ca.t().contiguous())
 
 
 def test_requests_keep_their_order_across_python_and_cpp(session):
@@ -230,3 +292,89 @@ def test_threads_share_a_device(session):
     assert not any(t.is_alive() for t in threads)
     for r in results:
         assert r is not None and r.tolist() == [404.0] * 64
+
+
+def test_adamw_steps_take_the_fast_path_after_the_first(session):
+    """AdamW's step size changes every step; it travels as a value, so after the first
+    steps every op is served from a plan in C++ and run by the server's C++ executor, and
+    the parameters stay equal to local ones."""
+    torch.manual_seed(0)
+    local = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    remote = copy.deepcopy(local).to("remote_accel")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (local, remote)]
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    rx, ry = x.to("remote_accel"), y.to("remote_accel")
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for i in range(6):
+        if i == 2:
+            plans, stats = fallback._C.plan_stats(), session.stats()
+        expected = step(local, opts[0], x, y)
+        got = step(remote, opts[1], rx, ry)
+        torch.testing.assert_close(got.cpu(), expected)
+    after, now = fallback._C.plan_stats(), session.stats()
+    assert after[0] == plans[0]  # no new plan: the changing step sizes were values
+    assert after[1] - plans[1] > 4 * 20  # every op of the last four steps served in C++
+    # ...and run by the C++ executor on the server (the .cpu() reads are no ops)
+    assert now["ops_done"] - stats["ops_done"] == now["native_ops_done"] - stats["native_ops_done"] > 0
+    for p, q in zip(local.parameters(), remote.parameters()):
+        torch.testing.assert_close(q.cpu(), p)
+
+
+def test_an_error_among_scalar_and_written_storage_ops_raises_at_the_next_sync(session):
+    """A served op that fails mid-batch, between ops whose Scalars travel as values and
+    whose out= storages the server makes: the next sync raises naming the op, the ops
+    around it ran with their own values, and the session goes on."""
+    p = torch.zeros(3, device="remote_accel")
+    x = torch.arange(4.0, device="remote_accel")
+    good, bad = torch.tensor([0, 1]).to("remote_accel"), torch.tensor([0, 99]).to("remote_accel")
+    for _ in range(2):  # the plans
+        p.add_(torch.ones(3, device="remote_accel"), alpha=0.5)
+        torch.mul(x, 2.0, out=torch.empty(4, device="remote_accel"))
+        x.index_select(0, good)
+    session.sync()
+    made = session.stats()["storages_made"]
+    outs = []
+    for i in range(20):
+        p.add_(torch.ones(3, device="remote_accel"), alpha=float(i))
+        outs.append(torch.mul(x, float(i), out=torch.empty(4, device="remote_accel")))
+        if i == 10:
+            x.index_select(0, bad)  # only the server sees the bad index
+    with pytest.raises(Exception) as info:
+        session.sync()
+    assert "index_select" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert p.cpu().tolist() == [1.0 + sum(range(20))] * 3  # 2 x 0.5, then 0 + 1 + ... + 19
+    for i, out in enumerate(outs):
+        assert out.cpu().tolist() == [float(i) * v for v in range(4)]
+    assert session.stats()["storages_made"] - made == 40  # the ones()s and the out= results
+    assert x.index_select(0, good).cpu().tolist() == [0.0, 1.0]
+
+
+def test_dropout_is_served_from_a_plan_and_follows_manual_seed(session):
+    """native_dropout draws from the default stream without a generator argument: it is
+    served from a plan keyed by the default generator's seed and epoch, run by the
+    server's C++ executor with the session's stream, and equals local CPU's dropout."""
+    x = torch.ones(64, device="remote_accel")
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(11)
+        runs.append([torch.nn.functional.dropout(x, 0.5) for _ in range(4)])
+    runs = [[t.cpu() for t in run] for run in runs]
+    torch.manual_seed(11)
+    local = [torch.nn.functional.dropout(torch.ones(64), 0.5) for _ in range(4)]
+    for a, b, c in zip(runs[0], runs[1], local):
+        assert torch.equal(a, b) and torch.equal(a, c)  # the same stream after each manual_seed
+    assert not torch.equal(runs[0][0], runs[0][1])  # the stream moves on between calls
+    torch.nn.functional.dropout(x, 0.5)  # the plan for the epoch of the last manual_seed
+    plans, stats = fallback._C.plan_stats(), session.stats()
+    for _ in range(5):
+        torch.nn.functional.dropout(x, 0.5)
+    now = session.stats()
+    assert fallback._C.plan_stats()[0] == plans[0] and fallback._C.plan_stats()[1] - plans[1] == 5
+    assert now["ops_done"] - stats["ops_done"] == now["native_ops_done"] - stats["native_ops_done"] == 5

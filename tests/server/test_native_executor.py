@@ -99,6 +99,63 @@ def test_out_variants_and_several_outputs(client):
     assert native_ops(client) == 2
 
 
+def test_scalar_arguments_are_holes(client):
+    """Scalar arguments sent as SCALAR values: each RunPlanned brings its own value, in
+    C++ (addcdiv_'s value, add's int alpha) and on the Python path (a generator op)."""
+    p, g, v = torch.randn(6), torch.randn(6), torch.rand(6) + 0.5
+    rp, rg, rv = client.upload(p), client.upload(g), client.upload(v)
+    steps = [-0.01 / step for step in range(1, 6)]
+    define(client, 1, "aten::addcdiv_", rp, rg, rv, value=torch_values.scalar_value(steps[0]))
+    client.batch(*[m.RunPlanned(1, values(rp, rg, rv, torch_values.scalar_value(s).value[1])) for s in steps[1:]])
+    expected = p.clone()
+    for s in steps:
+        expected.addcdiv_(g, v, value=s)
+    ri = client.upload(torch.arange(4))
+    out = client.empty((4,), torch.int64)
+    define(client, 2, "aten::add.Tensor", ri, ri, alpha=torch_values.scalar_value(3), outs=(out,))
+    out2 = client.empty((4,), torch.int64)
+    client.batch(m.RunPlanned(2, values(ri, ri, torch_values.scalar_value(-2).value[1], out2)))
+    client.sync()
+    assert torch.equal(client.download(rp), expected)
+    assert torch.equal(client.download(out), torch.arange(4) * 4)
+    assert torch.equal(client.download(out2), -torch.arange(4))
+    assert native_ops(client) == 5
+    # a value of the wrong size for its dtype is the client's error, reported at the sync
+    client.batch(m.RunPlanned(1, values(rp, rg, rv, b"\0" * 4)))
+    with pytest.raises(RemoteAccelError, match="float64 scalar has 8 bytes|Double scalar has 8 bytes"):
+        client.sync()
+    assert torch.equal(client.download(rp), expected)  # nothing ran; the session goes on
+
+
+def test_a_storage_an_op_writes_is_made_without_alloc(client):
+    """A storage id the session has not seen, in an argument the op writes (out=), is made
+    from the plan's layout, in C++ and on the Python path (an op with a generator); in
+    an argument the op only reads it is an error, reported at the sync."""
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    ra, rb = client.upload(a), client.upload(b)
+    define(client, 1, "aten::mul.out", ra, rb, out=client.upload(torch.zeros(4, 6)), outs=(None,))
+    new = Ref(client.new_sid(), torch.float32, (4, 6), (6, 1))  # no ALLOC for it
+    first = client.upload(torch.zeros(1000))
+    before = client.stats()
+    client.batch(m.RunPlanned(1, values(rb, rb, new)))
+    gen = Ext(torch_values.GENERATOR, (5, 99, 0))
+    client.send(m.RunOp("aten::normal.float_float_out", (0.0, 1.0, [1000]), {"generator": gen, "out": first.ext},
+                        (None,), False, None, 2))
+    drawn = Ref(client.new_sid(), torch.float32, (1000,), (1,))
+    client.batch(m.RunPlanned(2, (drawn.sid,)))
+    after = client.stats()
+    assert after["storages_made"] - before["storages_made"] == 2
+    assert after["alloc_requests"] == before["alloc_requests"]
+    torch.testing.assert_close(client.download(new), b * b)
+    assert abs(float(client.download(drawn).mean())) < 0.2
+    assert after["storages"] == before["storages"] + 2 and after["memory_allocated"] >= before["memory_allocated"] + 96
+    unknown = Ref(client.new_sid(), torch.float32, (4, 6), (6, 1))
+    client.batch(m.RunPlanned(1, values(unknown, rb, client.empty((4, 6)))))
+    with pytest.raises(RemoteAccelError, match=f"unknown storage {unknown.sid}"):
+        client.sync()
+    assert client.sync() > 0
+
+
 def test_lists_of_tensors_in_and_out(client):
     a, b, c = torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3)
     ra, rb, rc = client.upload(a), client.upload(b), client.upload(c)

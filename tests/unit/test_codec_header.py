@@ -4,8 +4,10 @@ and the server's batch reader), agrees with the Python codec and messages."""
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,3 +91,25 @@ def test_mangled_batches_taken_by_cpp_are_valid(batch, data):
     for candidate in (bytes(meta), bytes(meta[:cut])):
         if cpp_accepts(candidate):
             assert python_accepts(candidate)
+
+
+# -- Scalar arguments as values (SCALAR): what op_serve.cpp packs and executor.cpp reads -----------
+@pytest.mark.parametrize("value, dtype, raw", [
+    (-0.25, "float64", struct.pack("<d", -0.25)), (-0.0, "float64", struct.pack("<d", -0.0)),
+    (7, "int64", struct.pack("<q", 7)), (True, "bool", b"\x01"),
+    (1.5 - 2j, "complex128", struct.pack("<dd", 1.5, -2.0)),
+])
+def test_scalars_travel_by_their_bytes(value, dtype, raw):
+    ext = torch_values.scalar_value(value)
+    assert ext.code == torch_values.SCALAR and ext.value == (dtype, raw)
+    back = torch_values.decode_value(codec.decode(codec.encode(ext)), None)
+    assert type(back) is type(value) and back == value
+    if dtype == "float64":
+        assert struct.pack("<d", back) == raw  # -0.0 keeps its sign
+
+
+@pytest.mark.parametrize("payload", [("float32", b"\0" * 4), ("float64", b"\0" * 4), ("int64", "x"), ("bool",),
+                                     (None, b"\0")])
+def test_malformed_scalars_are_refused(payload):
+    with pytest.raises(ProtocolError):
+        torch_values.decode_scalar(payload)
