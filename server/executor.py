@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ..dataplane.codec import Ext
-from ..dataplane.messages import RunGraph, RunOp, RunPlanned
+from ..dataplane.messages import RunOp, RunPlanned
 from ..errors import ProtocolError
 from ..torch_wire import sparse as torch_sparse
 from ..torch_wire import values as torch_values
@@ -30,15 +30,13 @@ from . import ops
 from .device import ComputeDevice
 from .exec_values import _count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, _written_holes, flatten
 from .failure import BAD_HANDLE, OP, Failure
-from .graphs import CompiledGraph, GraphCompiler, value_signature
+from .graph_runs import GraphRuns
+from .graphs import CompiledGraph, GraphCompiler
 from .rng import Generators
 from .storage import EMPTY_SID, StorageTable, TensorRef, is_sid, parse_ref
 
 #: Plans kept per session (RunOp.plan), the oldest dropped first: a client keeps fewer.
 MAX_PLANS = 1 << 16
-#: Graphs kept per session for reruns by id, and the nodes they may hold together.
-MAX_GRAPHS = 256
-MAX_GRAPH_NODES = 1 << 17
 _COPY_FROM = frozenset({"aten::_copy_from", "aten::_copy_from.default"})
 #: Ops whose kernels may flip an out= tensor's conj/neg bit instead of writing values:
 #: they stay on the Python path, where _settle_lazy_bits rewrites the bytes.
@@ -73,7 +71,7 @@ class _NotNative(Exception):
     """A plan that only the Python path can run (generators, graph values)."""
 
 
-class Executor:
+class Executor(GraphRuns):
     """Python's half of the executor. Planned ops that C++ can run from a template (most)
     run there (native.Executor, shared with the StorageTable), in batches with the GIL
     released; this class defines the templates and runs everything else."""
@@ -436,94 +434,6 @@ class Executor:
     def forget(self, sid: int) -> None:
         if is_sid(sid):
             self.native.forget(sid)
-
-    # -- graphs -----------------------------------------------------------------------------------
-    def run_graph(self, msg: RunGraph) -> None:
-        """Run a captured graph. Values are numbered inputs first, then one per node, so
-        Ext(GRAPH_VALUE, i) is value i and Ext(GRAPH_VALUE, (i, j)) element j of value i.
-        A graph sent once with its nodes may be run again by id with `nodes` empty.
-        Graphs run compiled (see graphs.py) where they can, else node by node."""
-        touched: list = []
-        try:
-            nodes, outputs, compiled = self._graph(msg)
-            if msg.stream is not None:
-                self._sync_default_stream(msg.stream)
-            signature: list = []
-            values = self._graph_inputs(msg.inputs, touched, signature)
-            refs = self._plan_outs(msg.outs)
-            inputs = None
-            if compiled is not None and len(values) == compiled.n_inputs and outputs == compiled.outputs:
-                extras = self._graph_inputs(compiled.extras, touched, signature)
-                flat = flatten(self.graphs.run(compiled, values, extras, self.generators,
-                                               lambda: self._replay(msg.graph_id, nodes, outputs, list(values),
-                                                                    touched), tuple(signature)))
-                self._python_ops += len(nodes)
-                # the storages results must not take over: the graph's inputs
-                inputs = {t.untyped_storage().data_ptr() for t in (*values, *extras) if isinstance(t, torch.Tensor)}
-            else:
-                flat = self._replay(msg.graph_id, nodes, outputs, values, touched)
-            self._bind(flat, refs, touched, inputs)
-        except BaseException:
-            self.mark_failed(msg.outs)
-            self._resync_quietly(touched)
-            raise
-        self.table.resync(touched)
-
-    def _graph_inputs(self, wire: tuple, touched: list, signature: list) -> list:
-        """A graph's inputs, and what compiled code is keyed by (graphs.signature) appended
-        to `signature`. Storage references, most of a graph's inputs, take a short way:
-        decoding a graph call's ~100 of them was a tenth of a compiled step's server time."""
-        values: list = []
-        refs, slots = [], []
-        for v in wire:
-            if type(v) is Ext and v.code == torch_values.TENSOR:
-                ref = parse_ref(v.value)
-                touched.append(ref.sid)
-                refs.append(ref)
-                slots.append(len(values))
-                values.append(None)
-                signature.append((ref.dtype, ref.shape, ref.stride, ref.flags))
-            else:
-                value = self.decode(v, touched)
-                values.append(value)
-                signature.append(value_signature(value))
-        for slot, ref, t in zip(slots, refs, self.native.views(refs) if refs else ()):
-            values[slot] = t if t is not None else self._tensor(ref)  # which says what is wrong
-        return values
-
-    def _replay(self, graph_id: int, nodes: tuple, outputs: tuple, values: list, touched: list) -> list:
-        for k, node in enumerate(nodes):
-            resolved = ops.resolve(node[0])
-            args = self.decode(node[1], touched, values)
-            kwargs = self.decode(node[2], touched, values)
-            try:
-                values.append(self._call(resolved, args, kwargs))
-            except Exception as exc:
-                exc.add_note(f"in node {k} ({node[0]}) of graph {graph_id}")
-                raise
-            self._python_ops += 1
-        return flatten([self.decode(o, touched, values) for o in outputs])
-
-    def _graph(self, msg: RunGraph) -> tuple[tuple, tuple, Optional[CompiledGraph]]:
-        if not msg.nodes:
-            cached = self._graphs.get(msg.graph_id)
-            if cached is None:
-                raise Failure(BAD_HANDLE, f"graph {msg.graph_id} was never sent")
-            return cached[0], msg.outputs or cached[1], cached[2]
-        if len(msg.nodes) > MAX_GRAPH_NODES:
-            raise ProtocolError(f"a graph may hold at most {MAX_GRAPH_NODES} nodes")
-        for node in msg.nodes:
-            if (type(node) is not tuple or len(node) != 3 or type(node[0]) is not str
-                    or type(node[1]) not in (tuple, list) or type(node[2]) is not dict):
-                raise ProtocolError("graph nodes must be (op, args, kwargs)")
-        self._graphs.pop(msg.graph_id, None)
-        held = sum(len(entry[0]) for entry in self._graphs.values())
-        while self._graphs and (len(self._graphs) >= MAX_GRAPHS or held + len(msg.nodes) > MAX_GRAPH_NODES):
-            oldest = next(iter(self._graphs))
-            held -= len(self._graphs.pop(oldest)[0])
-        compiled = self.graphs.lookup(msg.nodes, msg.outputs, len(msg.inputs)) if self.graphs else None
-        self._graphs[msg.graph_id] = (msg.nodes, msg.outputs, compiled)
-        return msg.nodes, msg.outputs, compiled
 
     def clear(self) -> None:
         self._graphs.clear()
