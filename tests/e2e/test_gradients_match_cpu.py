@@ -12,18 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import remote_accel
-from remote_accel.server.testing import ServerProcess
 
 R = "remote_accel"
-
-
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess(token="grads") as server:
-        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token="grads")
-        yield server
-        remote_accel.shutdown()
 
 
 def _grads(module, inputs):

@@ -10,18 +10,8 @@ import gc
 import pytest
 import torch
 
-import remote_accel
-from remote_accel.server.testing import ServerProcess
 
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess() as server:
-        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token)
-        yield server
-        remote_accel.shutdown()
 
 
 @pytest.fixture

@@ -6,23 +6,16 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 import torch
 import torch.nn as nn
 
 import remote_accel
-from remote_accel.server.testing import ServerProcess, scrape
+from remote_accel.server.testing import scrape
 
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess("--metrics", "127.0.0.1:0") as server:
-        host, port = server.tcp
-        remote_accel.init(transport="tcp", server=f"{host}:{port}", token=server.token)
-        yield server
-        remote_accel.shutdown()
+SERVER_ARGS = ("--metrics", "127.0.0.1:0")
 
 
 def _train(steps: int) -> list:

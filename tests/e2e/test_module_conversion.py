@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 import torch.nn as nn
 
-import remote_accel
-from remote_accel.server.testing import ServerProcess
 
 R = "remote_accel"
-
-
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess(token="conv") as server:
-        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token="conv")
-        yield server
-        remote_accel.shutdown()
 
 
 class TinyGPT(nn.Module):

@@ -9,18 +9,9 @@ import torch
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
-from remote_accel.server.testing import ServerProcess
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-
-
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess() as server:
-        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token)
-        yield server
-        remote_accel.shutdown()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -13,17 +13,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-import remote_accel
-from remote_accel.server.testing import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def remote():
-    with ServerProcess() as server:
-        host, port = server.tcp
-        remote_accel.init(transport="tcp", server=f"{host}:{port}", token=server.token)
-        yield server
-        remote_accel.shutdown()
 
 
 class SmallCNN(nn.Module):
