@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace remote_accel {
 
@@ -43,6 +44,13 @@ inline void* map_prefaulted(size_t size) {
     }
   }
   return ptr;
+}
+
+// The byte budget of a cache of such blocks: environment variable `name` in MiB (0: no
+// caching), `default_mib` where it is unset.
+inline size_t cache_budget_from_env(const char* name, unsigned long long default_mib) {
+  const char* env = std::getenv(name);
+  return static_cast<size_t>(env ? std::strtoull(env, nullptr, 10) : default_mib) << 20;
 }
 
 }  // namespace remote_accel

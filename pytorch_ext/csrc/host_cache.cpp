@@ -45,8 +45,7 @@ class Cache {
   Cache() {
     // REMOTE_ACCEL_CLIENT_CACHE_MB: bytes of free blocks kept for reuse (0: no caching,
     // every large result is plain malloc'd memory as before)
-    const char* env = std::getenv("REMOTE_ACCEL_CLIENT_CACHE_MB");
-    cap_ = (env ? std::strtoull(env, nullptr, 10) : 1024ull) << 20;
+    cap_ = cache_budget_from_env("REMOTE_ACCEL_CLIENT_CACHE_MB", 1024);
   }
 
   bool enabled() {

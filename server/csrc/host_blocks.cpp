@@ -42,8 +42,7 @@ class Cache {
  public:
   Cache() {
     // REMOTE_ACCEL_HOST_CACHE_MB: bytes of free blocks kept for reuse (0 disables the cache)
-    const char* env = std::getenv("REMOTE_ACCEL_HOST_CACHE_MB");
-    cap_ = (env ? std::strtoull(env, nullptr, 10) : 2048ull) << 20;
+    cap_ = cache_budget_from_env("REMOTE_ACCEL_HOST_CACHE_MB", 2048);
   }
 
   bool enabled() const { return cap_ > 0; }
