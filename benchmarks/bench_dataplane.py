@@ -20,7 +20,9 @@ the machine and on what else runs on it.
 RTT is measured back to back (both ends still polling) and after idle (each round trip
 after --idle-ms of silence: both ends have gone to sleep, so it is the wake-up path). The
 row "dpdk memif naps" runs the same round trips with the shim's doorbells off (waiters
-nap with back-off instead of sleeping until the peer's frame), side by side.
+nap with back-off instead of sleeping until the peer's frame), side by side. The row "tcp
+no poll" runs the TCP round trips with both ends blocking at once in the kernel
+(REMOTE_ACCEL_TCP_POLL_US=0) instead of polling briefly first, side by side.
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ def peer_main(kind: str, busy: bool, size: int, fresh: bool, cert: str = "", doo
     return 0
 
 
-def start_peer(kind: str, busy: bool, size: int, runtime: str,
-               fresh: bool = False, cert: str = "", doorbell: bool = True) -> tuple[subprocess.Popen, str]:
+def start_peer(kind: str, busy: bool, size: int, runtime: str, fresh: bool = False, cert: str = "",
+               doorbell: bool = True, poll_us: int | None = None) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=runtime)
+    if poll_us is not None:
+        env["REMOTE_ACCEL_TCP_POLL_US"] = str(poll_us)
     cmd = [sys.executable, os.path.abspath(__file__), "--peer", kind, "--size", str(size), "--cert", cert]
     if busy:
         cmd.append("--busy-poll")
@@ -167,8 +171,9 @@ def run_dpdk(args, runtime: str, doorbell: bool = True, count: int | None = None
     return result, stats
 
 
-def run_tcp(args, runtime: str, tls: bool = False) -> dict:
-    """TCP loopback; with `tls`, TLS over it with a self-signed certificate (openssl CLI)."""
+def run_tcp(args, runtime: str, tls: bool = False, poll_us: int | None = None, count: int | None = None) -> dict:
+    """TCP loopback; with `tls`, TLS over it with a self-signed certificate (openssl CLI);
+    `poll_us`: both ends' poll window (None: the environment's or the default)."""
     from remote_accel.dataplane.tcp import TcpTransport
     from remote_accel.dataplane.tls import TlsTransport, client_context
 
@@ -178,14 +183,20 @@ def run_tcp(args, runtime: str, tls: bool = False) -> dict:
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
                         cert + ".key", "-out", cert, "-subj", "/CN=localhost", "-addext",
                         "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    proc, address = start_peer("tls" if tls else "tcp", False, args.size, runtime, args.fresh, cert)
+    proc, address = start_peer("tls" if tls else "tcp", False, args.size, runtime, args.fresh, cert,
+                               poll_us=poll_us)
     try:
         _, host, port = address.split(":")
         if tls:
             t = TlsTransport.connect(host, int(port), tls=client_context(cert))
         else:
-            t = TcpTransport.connect(host, int(port))
-        result = bench_transport(t, args.size, args.count, args.rtts, args.small, args.idle_ms)
+            t = TcpTransport.connect(host, int(port), poll_us=poll_us)
+        result = bench_transport(t, args.size, args.count if count is None else count, args.rtts, args.small,
+                                 args.idle_ms)
+        stats = t.stats()
+        if not tls:
+            result["polled_pct"] = 100 * stats["rx_polled"] / max(1, stats["rx_polled"] + stats["rx_slept"])
+            result["poll_us"] = t._window.max_ns // 1000
         t.send(0, b"", [])
         t.close()
     finally:
@@ -261,6 +272,10 @@ def table(rows: dict, small: int, user_size: int = 0, idle_ms: float = 5.0) -> s
                    f"{us(r, 'idle_rtt_p50_us'):>13}")
     out.append(f"(bulk: messages of the given size, one way; RTT: {small}-byte payload, ECHO and reply, "
                f"back to back; idle RTT: each after {idle_ms:g} ms of silence)")
+    if "tcp no poll" in rows:
+        out.append(f"(tcp loopback: both ends poll up to {rows['tcp loopback']['poll_us']} us before they block, "
+                   f"{rows['tcp loopback']['polled_pct']:.0f}% of the client's waits ended while polling; "
+                   "tcp no poll: both block at once, REMOTE_ACCEL_TCP_POLL_US=0)")
     if user_size:
         out.append(f"(user: {user_size >> 20} MiB tensor, x.to('remote_accel').cpu() into fresh tensors, "
                    "bytes both ways per second, median round trip; x TCP against user tcp; % memcpy against "
@@ -323,6 +338,7 @@ def main(argv=None) -> int:
                 rows["dpdk memif naps"], _ = run_dpdk(args, runtime, doorbell=False, count=0)
         if "tcp" in args.only:
             rows["tcp loopback"] = run_tcp(args, runtime)
+            rows["tcp no poll"] = run_tcp(args, runtime, poll_us=0, count=0)  # RTT only, side by side
         if "tls" in args.only:
             rows["tls loopback"] = run_tcp(args, runtime, tls=True)
     user_stats = None

@@ -2,7 +2,8 @@
 
 Large payloads move without extra copies: `sendmsg` gathers the prologue and the
 payload buffers in one call, and `recv_into` writes straight into the buffers the
-caller's sink chose.
+caller's sink chose. A receiver polls briefly before it blocks, after traffic (see
+`tcp_poll`): a reply that comes within the window costs no kernel wake-up.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 import select
 import socket
 import threading
+import time
 from typing import Optional, Sequence
 
 from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
+from .tcp_poll import PollWindow, poll_us_from_env
 from .transport import Listener, Message, PayloadSink, Transport, byte_view, default_sink
 
 log = logging.getLogger(__name__)
@@ -34,7 +37,12 @@ _READ_AHEAD = 64 << 10
 
 class TcpTransport(Transport):
     def __init__(self, sock: socket.socket, *, peer: str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
-                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S):
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S, poll_us: Optional[int] = None):
+        """`poll_us`: the longest a receiver polls before it blocks (None: from
+        REMOTE_ACCEL_TCP_POLL_US; 0: block at once). Raises ValueError for a bad value."""
+        # a blocking descriptor (no stall timeout) cannot be polled without blocking
+        self._window = PollWindow(0 if stall_timeout is None else poll_us_from_env() if poll_us is None else poll_us)
+        self._heard = False  # traffic since the last wait that timed out: polling may pay
         self._sock = sock
         self._limits = limits
         self._stall = stall_timeout
@@ -42,7 +50,8 @@ class TcpTransport(Transport):
         self._closed = False
         self._ahead = bytearray(_READ_AHEAD)  # received, not yet taken: _ahead[_head:_tail]
         self._head = self._tail = 0
-        self._counters = {"tx_messages": 0, "tx_bytes": 0, "rx_messages": 0, "rx_bytes": 0}
+        self._counters = {"tx_messages": 0, "tx_bytes": 0, "rx_messages": 0, "rx_bytes": 0,
+                          "rx_polled": 0, "rx_slept": 0}
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -115,6 +124,7 @@ class TcpTransport(Transport):
                 raise self._broken(f"send to {self.peer} stalled for {self._stall:.0f} s") from None
             except OSError as exc:
                 raise self._broken(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
+        self._heard = True
         self._counters["tx_messages"] += len(messages)
         self._counters["tx_bytes"] += total
 
@@ -154,6 +164,7 @@ class TcpTransport(Transport):
             raise self._broken(f"{self.peer} stalled mid-message for {self._stall:.0f} s") from None
         except OSError as exc:
             raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
+        self._heard = True
         self._counters["rx_messages"] += 1
         self._counters["rx_bytes"] += wire.HEADER_SIZE + header.rest_len + header.payload_total
         return Message(header.type, meta, buffers, header.req_id, header.flags)
@@ -172,14 +183,51 @@ class TcpTransport(Transport):
     def _wait_readable(self, timeout: Optional[float]) -> None:
         if self._tail > self._head:
             return  # a message (or its start) was read ahead already
+        asked, window = timeout, (self._window.ns if self._heard else 0)
+        if window and timeout is not None:
+            window = min(window, int(timeout * 1e9))
+        if window:
+            started = time.monotonic_ns()
+            try:
+                if self._poll(started + window):
+                    self._counters["rx_polled"] += 1
+                    self._window.caught()
+                    return
+            except OSError as exc:  # as the read that select would have led to
+                self._check_open()
+                raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic_ns() - started) / 1e9)
         try:
             ready, _, _ = select.select([self._sock], [], [], timeout)
         except (OSError, ValueError):
             self._check_open()
             raise
+        self._counters["rx_slept"] += 1
+        if window:
+            self._window.waited(time.monotonic_ns() - started)
         if not ready:
             self._check_open()
-            raise TransportTimeout(f"no message from {self.peer} within {timeout} s")
+            self._heard = False  # silent for a whole timeout: the next wait blocks at once
+            raise TransportTimeout(f"no message from {self.peer} within {asked} s")
+
+    def _poll(self, deadline_ns: int) -> bool:
+        """Read what comes before `deadline_ns` into the read-ahead buffer, without
+        blocking; True when the socket had something (bytes, or the peer's end). Each turn
+        is two system calls that release the GIL (the read, a yield), so the peer, when
+        it shares this core, and this process's other threads run in between."""
+        fd = self._sock.fileno()
+        while not self._closed:
+            try:
+                n = os.readv(fd, (self._ahead,))
+            except BlockingIOError:
+                if time.monotonic_ns() >= deadline_ns:
+                    return False
+                os.sched_yield()
+                continue
+            self._head, self._tail = 0, n  # n == 0 (the peer closed): the read reports it
+            return True
+        return False
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:
         """Fill `view`: first from the bytes read ahead, then small needs through the
