@@ -194,7 +194,6 @@ class TcpTransport(Transport):
                     self._window.caught()
                     return
             except OSError as exc:  # as the read that select would have led to
-                self._check_open()
                 raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
             if timeout is not None:
                 timeout = max(0.0, timeout - (time.monotonic_ns() - started) / 1e9)
@@ -216,10 +215,9 @@ class TcpTransport(Transport):
         blocking; True when the socket had something (bytes, or the peer's end). Each turn
         is two system calls that release the GIL (the read, a yield), so the peer, when
         it shares this core, and this process's other threads run in between."""
-        fd = self._sock.fileno()
         while not self._closed:
             try:
-                n = os.readv(fd, (self._ahead,))
+                n = os.readv(self._sock.fileno(), (self._ahead,))
             except BlockingIOError:
                 if time.monotonic_ns() >= deadline_ns:
                     return False
@@ -227,7 +225,7 @@ class TcpTransport(Transport):
                 continue
             self._head, self._tail = 0, n  # n == 0 (the peer closed): the read reports it
             return True
-        return False
+        return True  # closed here meanwhile: the read reports it, as after a wake-up
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:
         """Fill `view`: first from the bytes read ahead, then small needs through the
