@@ -47,6 +47,7 @@ class TcpTransport(Transport):
         self._limits = limits
         self._stall = stall_timeout
         self._send_lock = threading.Lock()
+        self._fd_lock = threading.Lock()  # a poller's read against close: the number is not reused under it
         self._closed = False
         self._ahead = bytearray(_READ_AHEAD)  # received, not yet taken: _ahead[_head:_tail]
         self._head = self._tail = 0
@@ -97,7 +98,8 @@ class TcpTransport(Transport):
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._sock.close()
+        with self._fd_lock:
+            self._sock.close()
 
     def stats(self) -> dict:
         return dict(self._counters)
@@ -183,15 +185,12 @@ class TcpTransport(Transport):
     def _wait_readable(self, timeout: Optional[float]) -> None:
         if self._tail > self._head:
             return  # a message (or its start) was read ahead already
-        asked, window = timeout, (self._window.ns if self._heard else 0)
-        if window and timeout is not None:
-            window = min(window, int(timeout * 1e9))
-        if window:
-            started = time.monotonic_ns()
+        asked, started = timeout, time.monotonic_ns()
+        poll_until = self._poll_until(started, timeout)
+        if poll_until:
             try:
-                if self._poll(started + window):
-                    self._counters["rx_polled"] += 1
-                    self._window.caught()
+                if self._poll(poll_until):
+                    self._waited(started, polled=True)
                     return
             except OSError as exc:  # as the read that select would have led to
                 raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
@@ -202,30 +201,50 @@ class TcpTransport(Transport):
         except (OSError, ValueError):
             self._check_open()
             raise
-        self._counters["rx_slept"] += 1
-        if window:
-            self._window.waited(time.monotonic_ns() - started)
+        self._waited(started if poll_until else 0, polled=False)
         if not ready:
             self._check_open()
             self._heard = False  # silent for a whole timeout: the next wait blocks at once
             raise TransportTimeout(f"no message from {self.peer} within {asked} s")
+
+    def _poll_until(self, now_ns: int, timeout: Optional[float]) -> int:
+        """When a wait that starts now stops polling and blocks (0: it blocks at once):
+        after traffic, for the adapted window, never past the caller's timeout."""
+        window = self._window.ns if self._heard else 0
+        if window and timeout is not None:
+            window = min(window, int(timeout * 1e9))
+        return now_ns + window if window else 0
+
+    def _waited(self, started_ns: int, polled: bool) -> None:
+        """Count a wait (polled: its message came while polling) and adapt the window to
+        it (started_ns 0: the wait did not poll, it tells nothing about the window)."""
+        if polled:
+            self._counters["rx_polled"] += 1
+            self._window.caught()
+            return
+        self._counters["rx_slept"] += 1
+        if started_ns:
+            self._window.waited(time.monotonic_ns() - started_ns)
 
     def _poll(self, deadline_ns: int) -> bool:
         """Read what comes before `deadline_ns` into the read-ahead buffer, without
         blocking; True when the socket had something (bytes, or the peer's end). Each turn
         is two system calls that release the GIL (the read, a yield), so the peer, when
         it shares this core, and this process's other threads run in between."""
-        while not self._closed:
-            try:
-                n = os.readv(self._sock.fileno(), (self._ahead,))
-            except BlockingIOError:
-                if time.monotonic_ns() >= deadline_ns:
-                    return False
-                os.sched_yield()
-                continue
-            self._head, self._tail = 0, n  # n == 0 (the peer closed): the read reports it
-            return True
-        return True  # closed here meanwhile: the read reports it, as after a wake-up
+        while True:
+            with self._fd_lock:
+                if self._closed:
+                    return True  # closed here meanwhile: the read reports it, as after a wake-up
+                try:
+                    n = os.readv(self._sock.fileno(), (self._ahead,))
+                except BlockingIOError:
+                    n = -1
+            if n >= 0:
+                self._head, self._tail = 0, n  # n == 0 (the peer closed): the read reports it
+                return True
+            if time.monotonic_ns() >= deadline_ns:
+                return False
+            os.sched_yield()
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:
         """Fill `view`: first from the bytes read ahead, then small needs through the

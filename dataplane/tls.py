@@ -19,6 +19,7 @@ call runs under one short lock, and all waiting (select) happens outside it.
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import ssl
@@ -220,22 +221,32 @@ class TlsTransport(TcpTransport):
     def _wait_readable(self, timeout: Optional[float]) -> None:
         """Wait for the first bytes of a message: raw readability is not enough (a TLS
         record may hold no application data, e.g. a session ticket), so read them here."""
+        if self._ahead.nbytes:
+            return  # a message's start was read ahead already
         deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic_ns()
+        poll_until = self._poll_until(started, timeout) if self._ready else 0
         try:
             self._handshake(deadline if deadline is not None else time.monotonic() + self._stall)
             while not self._ahead.nbytes:
-                n = self._read_some(memoryview(bytearray(wire.HEADER_SIZE)), deadline, "a message")
+                n = self._read_some(memoryview(bytearray(wire.HEADER_SIZE)), deadline, "a message", poll_until)
                 if n == 0:
                     raise OSError(errno.ECONNRESET, "connection closed by peer")
         except RemoteAccelError:
             raise
         except (socket.timeout, TimeoutError):
             self._check_open()
+            self._waited(started if poll_until else 0, polled=False)
+            self._heard = False  # silent for a whole timeout: the next wait blocks at once
             raise TransportTimeout(f"no message from {self.peer} within {timeout} s") from None
         except OSError as exc:
             raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
+        self._waited(started if poll_until else 0, polled=poll_until > 0 and time.monotonic_ns() <= poll_until)
 
-    def _read_some(self, view: memoryview, deadline: Optional[float], what: str, keep: bool = True) -> int:
+    def _read_some(self, view: memoryview, deadline: Optional[float], what: str, poll_until: int = 0,
+                   keep: bool = True) -> int:
+        """Read what there is into `view`, waiting until `deadline` for something; until
+        `poll_until` (monotonic ns) the wait polls (see TcpTransport._wait_readable)."""
         while True:
             with self._io:
                 try:
@@ -244,10 +255,15 @@ class TlsTransport(TcpTransport):
                     n, read = None, True
                 except ssl.SSLWantWriteError:
                     n, read = None, False
+            if self._closed:  # closed meanwhile: SSLSocket.shutdown drops the SSL object before the
+                raise OSError(errno.EBADF, "closed")  # socket's, a read in between returns raw records
             if n is not None:
                 if keep and n:
                     self._ahead = view[:n]
                 return n
+            if read and poll_until and time.monotonic_ns() < poll_until:  # closed: the next read says so
+                os.sched_yield()  # outside the lock: a sender goes on meanwhile
+                continue
             self._wait(read, not read, deadline, what)
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:

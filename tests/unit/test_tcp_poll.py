@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import resource
+import subprocess
 import threading
 import time
 
@@ -16,29 +17,55 @@ import pytest
 from remote_accel.dataplane import tcp_poll
 from remote_accel.dataplane.tcp import TcpListener, TcpTransport
 from remote_accel.dataplane.tcp_poll import ENV_POLL_US, PollWindow
+from remote_accel.dataplane.tls import TlsListener, TlsTransport, client_context, server_context
 from remote_accel.errors import PeerGone, TransportClosed, TransportTimeout
 
 ECHO, REPLY, STOP = 64, 65, 66
 LONG_US = tcp_poll.MAX_POLL_US  # 100 ms: a waiter certainly polls while the test acts
 
 
-def _tcp_pair(**kwargs) -> tuple[TcpTransport, TcpTransport]:
-    listener = TcpListener("127.0.0.1", 0, **kwargs)
+def _tcp_pair(cert: str | None = None, **kwargs) -> tuple[TcpTransport, TcpTransport]:
+    if cert:
+        listener = TlsListener("127.0.0.1", 0, tls=server_context(cert, cert + ".key"), **kwargs)
+    else:
+        listener = TcpListener("127.0.0.1", 0, **kwargs)
     accepted = []
-    thread = threading.Thread(target=lambda: accepted.append(listener.accept(timeout=10)))
+
+    def accept():
+        t = listener.accept(timeout=10)
+        if cert:
+            t._handshake(time.monotonic() + 10)  # a server's runs in its first recv; the client waits for it
+        accepted.append(t)
+
+    thread = threading.Thread(target=accept)
     thread.start()
-    a = TcpTransport.connect("127.0.0.1", listener.port, **kwargs)
+    if cert:
+        a = TlsTransport.connect("127.0.0.1", listener.port, tls=client_context(cert), **kwargs)
+    else:
+        a = TcpTransport.connect("127.0.0.1", listener.port, **kwargs)
     thread.join()
     listener.close()
     return a, accepted[0]
 
 
-@pytest.fixture(params=["tcp", "socketpair"])
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("tls") / "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
+                    path + ".key", "-out", path, "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=120)
+    return path
+
+
+@pytest.fixture(params=["tcp", "socketpair", "tls"])
 def make_pair(request):
     made = []
 
     def make(**kwargs):
-        pair = _tcp_pair(**kwargs) if request.param == "tcp" else TcpTransport.pair(**kwargs)
+        if request.param == "socketpair":
+            pair = TcpTransport.pair(**kwargs)
+        else:
+            pair = _tcp_pair(request.getfixturevalue("cert") if request.param == "tls" else None, **kwargs)
         made.extend(pair)
         return pair
 
