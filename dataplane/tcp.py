@@ -145,13 +145,8 @@ class TcpTransport(Transport):
         self._check_open()
         self._wait_readable(timeout)
         try:
-            head = bytearray(wire.HEADER_SIZE)
-            self._recv_exact(memoryview(head), first=True)
             try:
-                header = wire.decode_header(head, self._limits)
-                rest = bytearray(header.rest_len)
-                self._recv_exact(memoryview(rest))
-                lengths, meta = wire.decode_rest(header, head, rest)
+                header, lengths, meta = self._prologue()
             except ProtocolError:
                 log.warning("closing %s: malformed message", self.peer)
                 self.close()
@@ -172,6 +167,27 @@ class TcpTransport(Transport):
         return Message(header.type, meta, buffers, header.req_id, header.flags)
 
     # -- helpers -----------------------------------------------------------------------
+    def _prologue(self) -> tuple:
+        """The next message's header, payload lengths and meta; decoded where they lie
+        when the read-ahead buffer holds the whole prologue (a small message's usually
+        does), else read into buffers of their own. Raises ProtocolError, OSError."""
+        size = wire.HEADER_SIZE
+        if self._tail - self._head >= size:
+            at, view = self._head, memoryview(self._ahead)
+            header = wire.decode_header(view[at : at + size], self._limits)
+            end = at + size + header.rest_len
+            if end <= self._tail:
+                lengths, meta = wire.decode_rest(header, view[at : at + size], view[at + size : end])
+                self._head = end
+                return header, lengths, meta
+        head = bytearray(size)
+        self._recv_exact(memoryview(head), first=True)
+        header = wire.decode_header(head, self._limits)
+        rest = bytearray(header.rest_len)
+        self._recv_exact(memoryview(rest))
+        lengths, meta = wire.decode_rest(header, head, rest)
+        return header, lengths, meta
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransportClosed(f"transport to {self.peer} is closed")
@@ -213,7 +229,7 @@ class TcpTransport(Transport):
         window = self._window.ns if self._heard else 0
         if window and timeout is not None:
             window = min(window, int(timeout * 1e9))
-        return now_ns + window if window else 0
+        return now_ns + window if window > 0 else 0  # a negative timeout fails in select, as before
 
     def _waited(self, started_ns: int, polled: bool) -> None:
         """Count a wait (polled: its message came while polling) and adapt the window to
