@@ -271,6 +271,14 @@ class DpdkTransport(Transport):
                 pos += m
             return Message(info.type, meta, buffers, info.req_id, info.flags)
         header = _header(info.type, info.flags, k, info.req_id, info.meta_len, info.payload_total, info.crc)
+        if not k and sink is not None:  # no payloads (most requests): the sink only looks at it
+            try:
+                if sink(header, meta, lengths):
+                    raise ValueError("payload sink returned buffers of the wrong sizes")
+            except Exception:
+                lib.shim_conn_recv_discard(self._c)
+                raise
+            return Message(header.type, meta, [], header.req_id, header.flags)
         return self._recv_payloads(header, meta, lengths, plen, n, sink)
 
     def _recv_checked(self, n: int, total: int, sink) -> Message:

@@ -46,3 +46,5 @@ Executor = _native.Executor
 Pool = _native.Pool
 lock_default_generator = _native.lock_default_generator
 unlock_default_generator = _native.unlock_default_generator
+parse_read = _native.parse_read
+read_small = _native.read_small
