@@ -121,7 +121,7 @@ py::tuple GraphResults::make(int device) const {
   std::string out;
   out.reserve(48 * specs_.size() + 8);
   wire::put_tuple_header(out, static_cast<uint32_t>(specs_.size()));
-  {
+  try {
     const c10::DeviceGuard guard(where);  // the allocator takes its device from the guard
     for (size_t k = 0; k < specs_.size(); ++k) {
       const auto& s = specs_[k];
@@ -134,6 +134,10 @@ py::tuple GraphResults::make(int device) const {
       // no ALLOC: the server makes the storage when it binds the result to this id
       put_ref(out, announce_output(made[k], where.index()), *dtype_name(s.dtype), made[k], 0);
     }
+  } catch (const c10::OutOfMemoryError& e) {
+    // over the session's memory limit: torch.OutOfMemoryError, as torch.empty_strided raises
+    PyErr_SetString(py::module_::import("torch").attr("OutOfMemoryError").ptr(), e.what_without_backtrace());
+    throw py::error_already_set();
   }
   py::list results(specs_.size());
   for (size_t k = 0; k < specs_.size(); ++k) {

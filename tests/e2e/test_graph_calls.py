@@ -79,6 +79,20 @@ def test_result_handles_are_fresh_tensors_of_the_promised_layouts(remote):
         _C.GraphResults([((1, 2), (1,), "float32")])
 
 
+def test_result_handles_over_the_memory_limit_raise_out_of_memory(remote):
+    from remote_accel.pytorch_ext import runtime
+
+    made = _C.GraphResults([((1 << 20,), (1,), "float32")])
+    handles.set_memory_limit(0, 1 << 20)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            made.make(0)
+    finally:
+        handles.set_memory_limit(0, runtime.sessions()[0].welcome.memory_limit)
+    results, _ = made.make(0)
+    assert results[0].shape == (1 << 20,)
+
+
 def test_compiled_training_follows_cpu_and_sends_each_graph_once(remote):
     """Forward, backward and AdamW step compiled, several steps: losses and weights as on
     CPU, though only the first call of each graph carries its nodes."""
