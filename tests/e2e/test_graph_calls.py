@@ -35,6 +35,10 @@ def test_input_references_are_the_bytes_python_encodes(remote, dtype):
     decoded = codec.decode(encoded)
     assert decoded[1].code == tv.TENSOR and decoded[1].value[1] == tv.dtype_name(dtype)
     assert decoded[1].value[2:5] == ((5, 5), (1, 10), 12)  # shape, stride, offset of the view
+    # and a graph may return it: C++ knows every dtype the wire names
+    (made,), outs = _C.GraphResults([((2, 3), (1, 2), tv.dtype_name(dtype))]).make(0)
+    assert made.dtype == dtype and made.stride() == (1, 2)
+    assert outs == codec.encode((handles.output_ref(made, 0),))
 
 
 def test_conjugate_and_negative_views_carry_their_bits(remote):
