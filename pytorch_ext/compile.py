@@ -19,10 +19,14 @@ import operator
 import torch
 import torch.fx
 
+from ..dataplane import codec
 from ..dataplane import messages as m
-from ..dataplane.codec import Ext
+from ..dataplane.codec import Ext, Raw
 from ..torch_wire import values as tv
 from . import handles, runtime
+from ._native import load
+
+_C = load()
 
 _graph_ids = itertools.count(1)
 
@@ -71,6 +75,9 @@ class GraphProgram:
         self.out_specs = tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor) else None for t in meta_out
         )
+        self._results = _C.GraphResults([None if spec is None else (*spec[:2], tv.dtype_name(spec[2]))
+                                         for spec in self.out_specs])
+        self._outputs = Raw(codec.encode(self.outputs))
 
     @staticmethod
     def _ref(value, slot):
@@ -94,35 +101,49 @@ class GraphProgram:
         return (name, args, kwargs)
 
     def __call__(self, *inputs):
-        device = next(t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "remote_accel")
-        index = device.index or 0
+        index = next(t.device.index or 0 for t in inputs
+                     if isinstance(t, torch.Tensor) and t.device.type == "remote_accel")
         session = runtime.session(index)
-        refs = tuple(handles.tensor_ref(t, index) if isinstance(t, torch.Tensor) else t for t in inputs)
         if self.constants:
-            refs += tuple(self._constant_ref(k, t, index) for k, t in enumerate(self.constants))
-        results, outs = [], []
-        for spec in self.out_specs:
-            if spec is None:
-                results.append(None)
-                outs.append(None)
-                continue
-            t = torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=device)
-            results.append(t)
-            outs.append(handles.output_ref(t, index))
+            inputs += tuple(self._constant(k, t, index) for k, t in enumerate(self.constants))
+        # the fields that change per call encoded in C++ (csrc/graph_call.cpp), the rest
+        # once per graph: the same bytes codec.encode writes for the values themselves
+        refs = Raw(_C.graph_inputs(inputs, index, lambda v: codec.encode(_input_ref(v, index))))
+        results, outs = self._results.make(index)
         first = index not in self.sent_to
-        session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self.outputs, tuple(outs),
-                                     handles.generator_ref(None, index)))
+        session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self._outputs, Raw(outs),
+                                     _stream(index)))
         self.sent_to.add(index)
         return results
 
-
-    def _constant_ref(self, k: int, t: torch.Tensor, index: int):
+    def _constant(self, k: int, t: torch.Tensor, index: int) -> torch.Tensor:
+        """The tensor a graph constant travels as: small CPU ones by value, others remote."""
         if t.device.type == "cpu" and t.nbytes > tv.MAX_INLINE_BYTES:
             remote = self._uploaded.get((k, index))
             if remote is None:
                 remote = self._uploaded[(k, index)] = t.to(torch.device("remote_accel", index))
             t = remote
-        return handles.tensor_ref(t, index)
+        return t
+
+
+def _input_ref(value, index: int):
+    """A graph input that C++ does not encode itself (CPU tensors, numbers, and every
+    value Python must refuse with its own error)."""
+    return handles.tensor_ref(value, index) if isinstance(value, torch.Tensor) else value
+
+
+_streams: dict = {}  # (device, generator id, seed, epoch) -> encoded stream reference
+
+
+def _stream(index: int) -> Raw:
+    """RunGraph.stream, encoded: the default generator's (id, seed, epoch) rarely change."""
+    key = (index, *_C.generator_info(_C.default_generator(index)))
+    encoded = _streams.get(key)
+    if encoded is None:
+        if len(_streams) >= 64:
+            _streams.clear()
+        encoded = _streams[key] = Raw(codec.encode(handles.stream_ref(*key)))
+    return encoded
 
 
 def _constants_as_inputs(gm: torch.fx.GraphModule) -> tuple:

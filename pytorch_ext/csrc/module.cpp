@@ -3,6 +3,7 @@
 // Every other aten op on a remote_accel tensor reaches the boxed fallback (op_fallback.cpp),
 // which the Python side installs with its half of the work.
 #include "device.h"
+#include "graph_call.h"
 #include "host_cache.h"
 #include "op_queue.h"
 
@@ -243,6 +244,16 @@ PYBIND11_MODULE(_C, m) {
         "Storage id of a fresh result, which the server creates when it binds it.");
   m.def("take_freed", [](int device) { return ra::take_freed(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Ids of freed storages the server knows about, oldest first.");
+
+  // compiled graph calls (graph_call.h)
+  m.def("graph_inputs", &ra::graph_inputs, py::arg("inputs"), py::arg("device_index"), py::arg("other"),
+        "The encoded tuple of a graph call's input references: remote tensors of the device in C++, "
+        "anything else as the bytes other(value) returns.");
+  py::class_<ra::GraphResults>(m, "GraphResults")
+      .def(py::init<const py::sequence&>(), py::arg("specs"),
+           "specs: per result None or (shape, stride, dtype name), fixed when the graph was compiled.")
+      .def("make", &ra::GraphResults::make, py::arg("device_index"),
+           "([fresh tensor or None per result], their encoded references).");
   m.def("plan_stats", &ra::plan_stats, "(plans cached, calls served from them) since the last clear_plans().");
   m.def("clear_plans", &ra::clear_plans, "Forget every cached plan (their server may have changed).");
 
