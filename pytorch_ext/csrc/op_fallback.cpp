@@ -211,6 +211,33 @@ void op_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// A structured op's functional and in-place variants (add.Tensor, add_.Tensor) have a
+// CompositeExplicitAutogradNonFunctional kernel that a backend without its own kernel
+// gets: it infers the result's meta, allocates it (empty) and calls the out= variant.
+// Here that would be three queued messages per op (an ALLOC, the add.out, later a FREE)
+// and a server that runs add.out into a tensor it was sent, where the op itself gives
+// one planned message and lets the server allocate as its device likes. So every aten
+// op with such a kernel and none of ours goes to the fallback as it is. In-place view
+// ops (as_strided_) stay with theirs: they only change the tensor's metadata here.
+void route_structured_ops_to_fallback(torch::Library& library) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    const auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) || op->hasTag(at::Tag::inplace_view)) {
+      continue;
+    }
+    auto qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      qualified += "." + name.overload_name;
+    }
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&op_fallback>());
+  }
+}
+
 } // namespace
 
 } // namespace detail
@@ -238,9 +265,10 @@ void install_op_fallback(py::function slow_path, py::function flush, int64_t all
   // which accumulates float16/bfloat16 in float32.
   auto* named = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
-                           "native_group_norm"}) {
+                           "native_group_norm", "arange", "arange.start", "arange.start_step"}) {
     named->impl(name, torch::CppFunction::makeFromBoxedFunction<&op_fallback>());
   }
+  route_structured_ops_to_fallback(*named);
 }
 
 } // namespace remote_accel

@@ -78,9 +78,9 @@ def test_a_served_call_fills_the_holes_of_the_call_that_made_the_plan(session):
     b = torch.randn(4, 5, device="remote_accel")[1:]  # a view: another offset
     session.flush()
     fallback.forget_plans()
-    first = torch.addcmul(a[1:], b, b, value=0.5)  # addcmul.out(self, tensor1, tensor2, value=, out=)
+    first = torch.addcmul(a[1:], b, b, value=0.5)  # addcmul(self, tensor1, tensor2, value=): a fresh result
     defining = _of_type(_queued(session), m.RunOp)[-1]
-    assert defining.plan is not None and defining.op == "aten::addcmul.out"
+    assert defining.plan is not None and defining.op == "aten::addcmul"
     served = _served()
     again = torch.addcmul(a[1:], b, b, value=0.5)
     items = _queued(session)
@@ -88,10 +88,10 @@ def test_a_served_call_fills_the_holes_of_the_call_that_made_the_plan(session):
     (planned,) = _of_type(items, m.RunPlanned)
     assert planned.plan == defining.plan
     before, now = _holes(defining), list(planned.values)
-    assert len(now) == len(before) == 5  # self, tensor1, tensor2, then keywords by name: out, value
+    assert len(now) == len(before) == 5  # self, tensor1, tensor2, the keyword value, then the fresh result
     assert now[:3] == before[:3] == [fallback._C.storage_id(t) for t in (a, b, b)]
-    assert now[3] == fallback._C.storage_id(again) != before[3] == fallback._C.storage_id(first)
-    assert now[4] == before[4] == struct.pack("<d", 0.5)
+    assert now[3] == before[3] == struct.pack("<d", 0.5)
+    assert now[4] == fallback._C.storage_id(again) != before[4] == fallback._C.storage_id(first)
     torch.testing.assert_close(again.cpu(), first.cpu())
     torch.testing.assert_close(again.cpu(), torch.addcmul(a.cpu()[1:], b.cpu(), b.cpu(), value=0.5))
 
@@ -193,6 +193,48 @@ def test_storages_an_op_writes_need_no_alloc(session):
         torch.testing.assert_close(sums[i].cpu(), cb.sum(1))
         assert fulls[i].cpu().tolist() == [float(i)] * 3
         assert torch.equal(copies[i].cpu(), ca.t().contiguous())
+
+
+def test_an_out_of_place_op_travels_as_itself(session):
+    """A structured op's functional form (add.Tensor, mul.Tensor) has a generic kernel that
+    would allocate the result and call the out= form: three messages per op (ALLOC, the
+    op, a FREE later). The fallback takes the op whole, so `x * i + 1.0` is two planned
+    messages and the server allocates the results itself."""
+    x = torch.randn(16, device="remote_accel")
+    x * 2.0 + 1.0  # makes the plans
+    defining = _of_type(_queued(session), m.RunOp)
+    assert [r.op for r in defining][-2:] == ["aten::mul.Tensor", "aten::add.Tensor"]
+    before = session.stats()
+    ys = [x * float(i) + 1.0 for i in range(10)]
+    items = _queued(session)
+    assert [kind for kind, _ in items] == [m.RunPlanned.TYPE] * 20
+    assert session.stats()["alloc_requests"] == before["alloc_requests"]
+    cx = x.cpu()
+    for i, y in enumerate(ys):
+        torch.testing.assert_close(y.cpu(), cx * float(i) + 1.0)
+
+
+def test_arange_is_one_planned_op_keyed_by_its_values(session):
+    """arange's length comes from its Scalar arguments: a call with other values must not
+    be served from the first call's plan."""
+    torch.arange(10, device="remote_accel")
+    (defining,) = _of_type(_queued(session), m.RunOp)
+    assert defining.op == "aten::arange"
+    a = torch.arange(10, device="remote_accel")
+    assert [kind for kind, _ in _queued(session)] == [m.RunPlanned.TYPE]
+    b = torch.arange(12, device="remote_accel")
+    c = torch.arange(2, 14, 3, dtype=torch.float32, device="remote_accel")
+    assert a.cpu().tolist() == list(range(10)) and b.cpu().tolist() == list(range(12))
+    assert c.cpu().tolist() == [2.0, 5.0, 8.0, 11.0]
+
+
+def test_an_in_place_view_op_changes_only_the_handle(session):
+    x = torch.arange(12, dtype=torch.float32, device="remote_accel")
+    y = x.view(12)
+    session.flush()
+    y.as_strided_((3, 2), (4, 1), 1)
+    assert not _queued(session)
+    assert y.cpu().tolist() == [[1.0, 2.0], [5.0, 6.0], [9.0, 10.0]]
 
 
 def test_requests_keep_their_order_across_python_and_cpp(session):

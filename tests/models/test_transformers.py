@@ -65,3 +65,21 @@ def test_t5_keeps_shared_embeddings(remote):
     shared = model.shared.weight
     assert model.encoder.embed_tokens.weight is shared and model.decoder.embed_tokens.weight is shared
     assert model.lm_head.weight is shared
+
+
+def test_gpt2_greedy_generate_gives_cpu_tokens(remote):
+    """Inference as users run it: generate() waits at every token (a stopping check reads
+    the new tokens) and builds its inputs with arange, cat and cumsum on the device."""
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                                     eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    prompt = _tokens(40, batch=2, length=6)
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt))
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        model.to("remote_accel")
+        got = model.generate(prompt.to("remote_accel"), **{k: v.to("remote_accel") if torch.is_tensor(v) else v
+                                                          for k, v in settings.items()})
+    assert got.device.type == "remote_accel"
+    assert torch.equal(got.cpu(), expected) and expected.shape == (2, 18)
