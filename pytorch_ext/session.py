@@ -168,17 +168,22 @@ class Session:
         of the transport: over TCP a sync point's flush and request wake the server once."""
         with self._lock:
             self._collect()
-            messages = [then] if then is not None else []
-            if self._batch_items:
-                meta = m.encoded_batch(self._batch_items, self._batch)
-                payloads = self._payloads
-                self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
-                self.counters["batches"] += 1
-                if then is None and self._sender is not None and self._post(meta, payloads):
-                    return  # the sender thread sends it while tracing goes on
-                messages.insert(0, (m.Batch.TYPE, meta, payloads, 0))
-            if messages:
-                self._send_many(messages)
+            batch = self._take_batch()
+            if then is None:
+                if batch is not None and not self._post([batch]):
+                    self._send_many([batch])
+                return
+            self._send_many([batch, then] if batch is not None else [then])
+
+    def _take_batch(self) -> Optional[tuple]:
+        """The queued requests as one Batch message (type, meta, payloads, 0); None if none."""
+        if not self._batch_items:
+            return None
+        meta = m.encoded_batch(self._batch_items, self._batch)
+        payloads = self._payloads
+        self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
+        self.counters["batches"] += 1
+        return (m.Batch.TYPE, meta, payloads, 0)
 
     def _collect(self) -> None:
         """Move what the C++ queue and the freed ids hold into the batch."""
@@ -254,11 +259,16 @@ class Session:
         # A rerun by id is small: it follows the queued batch through the sender thread,
         # instead of waiting here for that batch to leave (about a millisecond a graph
         # call on 2 shared cores, py-spy).
+        # The batch before it and the call go as one entry: one wake-up of the sender, and
+        # one transport call (one wake-up of the server).
         with self._lock:
             self._check_alive()
-            self.flush()
-            if not self._post(m.encode(msg), [], msg.TYPE):
-                self._send(msg, [])
+            self._collect()
+            batch = self._take_batch()
+            messages = [batch] if batch is not None else []
+            messages.append((msg.TYPE, m.encode(msg), [], 0))
+            if not self._post(messages):
+                self._send_many(messages)
 
     def peer_receive(self, ticket: bytes, sid: int, offset: int, nbytes: int) -> None:
         """Tell this server (the destination) that another one will write these bytes."""
@@ -296,13 +306,17 @@ class Session:
     def _send(self, msg, payloads, req_id: int = 0) -> None:
         self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
 
-    def _post(self, meta: bytes, payloads, msg_type: int = m.Batch.TYPE) -> bool:
-        """Hand a Batch (or a RunGraph) to the sender thread; False once it stops (the caller sends it)."""
+    def _post(self, messages: list) -> bool:
+        """Hand (type, meta, payloads, req_id) messages (a Batch, a graph call) to the sender
+        thread, to leave in one transport call; False when there is no sender thread or it
+        has stopped (the caller sends them)."""
+        if self._sender is None:
+            return False
         with self._outbox_cv:
             if self._stop.is_set():
                 return False
             self._settled = None  # a sync must now ask the server
-            self._outbox.append((msg_type, meta, payloads))
+            self._outbox.append(messages)
             self._outbox_cv.notify()
         return True
 
@@ -319,10 +333,10 @@ class Session:
                     self._outbox_cv.wait(HEARTBEAT_S / 2)
                 if not self._outbox:
                     return  # stopped, and nothing left: _post sends in the caller's thread now
-                msg_type, meta, payloads = self._outbox.popleft()
+                messages = self._outbox.popleft()
                 self._sending = True
             try:
-                self._send_encoded(msg_type, meta, payloads, drain=False)
+                self._send_many(messages, drain=False)
             except RemoteAccelError:
                 pass  # the session is dead now: its next call raises
             finally:
