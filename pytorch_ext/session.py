@@ -258,9 +258,8 @@ class Session:
             return
         # A rerun by id is small: it follows the queued batch through the sender thread,
         # instead of waiting here for that batch to leave (about a millisecond a graph
-        # call on 2 shared cores, py-spy).
-        # The batch before it and the call go as one entry: one wake-up of the sender, and
-        # one transport call (one wake-up of the server).
+        # call on 2 shared cores, py-spy). Batch and call go as one entry: one wake-up of
+        # the sender, one transport call (one wake-up of the server).
         with self._lock:
             self._check_alive()
             self._collect()
