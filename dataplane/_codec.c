@@ -58,11 +58,11 @@ static PyObject* read_items(Decoder* d, Py_ssize_t* pos, int depth, uint8_t tag)
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* key = read_value(d, pos, depth + 1);
-      if (key == NULL || !PyUnicode_CheckExact(key)) {
-        if (key != NULL) {
-          Py_DECREF(key);
-          malformed();
-        }
+      if (key != NULL && !PyUnicode_CheckExact(key)) {
+        Py_CLEAR(key);
+        malformed();
+      }
+      if (key == NULL) {
         Py_DECREF(out);
         return NULL;
       }

@@ -303,7 +303,7 @@ class Session:
         return RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {exc}")
 
     def _send(self, msg, payloads, req_id: int = 0) -> None:
-        self._send_encoded(msg.TYPE, m.encode(msg), payloads, req_id)
+        self._send_many([(msg.TYPE, m.encode(msg), payloads, req_id)])
 
     def _post(self, messages: list) -> bool:
         """Hand (type, meta, payloads, req_id) messages (a Batch, a graph call) to the sender
@@ -342,9 +342,6 @@ class Session:
                 with self._outbox_cv:
                     self._sending = False
                     self._outbox_cv.notify_all()
-
-    def _send_encoded(self, msg_type: int, meta: bytes, payloads, req_id: int = 0, drain: bool = True) -> None:
-        self._send_many([(msg_type, meta, payloads, req_id)], drain)
 
     def _send_many(self, messages: list, drain: bool = True) -> None:
         """Send (type, meta, payloads, req_id) messages in order, in one transport call
