@@ -4,6 +4,8 @@
 
 #include "codec.h"
 
+#include <ATen/ops/empty.h>
+
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
