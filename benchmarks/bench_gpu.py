@@ -1,18 +1,24 @@
 """A local GPU against remote_accel with a GPU server on the same machine, side by side.
 
     python benchmarks/bench_gpu.py [--transport tcp|dpdk|both] [--models gpt,gpt-bf16,resnet18,mlp]
-                                   [--layers 12 --d-model 768 --seq 512 --batch 16 --vocab 50257]
+                                   [--compile] [--layers 12 --d-model 768 --seq 512 --batch 16 --vocab 50257]
                                    [--resnet-batch 64 --image 224] [--steps 10]
     python benchmarks/bench_gpu.py --device cpu     # smoke run of every code path, no GPU
 
-Per transport (each in a process of its own with `both`, the default) it starts a server on
-`--device` (cuda by default), and for each model times training steps (median of
-`--steps`, each step ending in `loss.item()`) run locally on that device and through
-remote_accel, then prints remote/local per model (the issue's goal: <= 1.10). Models:
-a GPT-style decoder (pre-LayerNorm blocks, causal attention, AdamW) in fp32 and under
-bf16 autocast, ResNet-18 (torchvision's if installed, else the local definition below;
-SGD with momentum), and a small MLP (SGD). The first step's losses local and remote are
-printed too: the same seed gives the same model, so they should agree (bf16 loosely).
+It times training steps (median of `--steps`, each step ending in `loss.item()`) of each
+model run locally on `--device` (cuda by default) and through remote_accel with a server
+on that device, per transport, and prints remote/local per model (the goal: <= 1.10).
+The local run and each transport's client run in processes of their own: a process that
+has registered remote_accel has it as its accelerator, not CUDA. Models: a GPT-style
+decoder (pre-LayerNorm blocks, causal attention, AdamW) in fp32 and under bf16 autocast,
+ResNet-18 (torchvision's if installed, else the local definition below; SGD with
+momentum), and a small MLP (SGD). The first step's losses local and remote are printed
+too: the same seed gives the same model, so they should agree (bf16 loosely).
+
+`--compile` also times each model through torch.compile: locally with Inductor, and
+remotely with `backend="remote_accel"` (the server compiles the graphs for its device,
+CUDA graphs where shapes are static; timed once it has compiled them), and prints the
+compiled remote step over the local eager step (issue #12's goal on a GPU: <= 1).
 
 Without CUDA the default `--device cuda` exits with status 2 and says so; `--device cpu`
 runs everything on a CPU server with small sizes (unless given), to prove the code paths.
@@ -27,6 +33,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -143,20 +150,23 @@ def _ce(model, x, y):
 
 
 # -- timing --------------------------------------------------------------------------------
-def step_fn(name: str, s: argparse.Namespace, device: str):
+def step_fn(name: str, s: argparse.Namespace, device: str, backend: str | None = None):
+    """A training step of model `name` on `device`; `backend`: the model through
+    torch.compile with that backend (the optimizer's step stays eager)."""
     model, make_opt, inputs, loss_fn, amp = build(name, s)
     model = copy.deepcopy(model).to(device)
     opt = make_opt(model.parameters())
+    forward = torch.compile(model, backend=backend) if backend else model
     x, y = (t.to(device) for t in inputs)
     amp_device = torch.device(device).type
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         if amp is None:
-            loss = loss_fn(model, x, y)
+            loss = loss_fn(forward, x, y)
         else:
             with torch.autocast(amp_device, dtype=amp):
-                loss = loss_fn(model, x, y)
+                loss = loss_fn(forward, x, y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -164,14 +174,47 @@ def step_fn(name: str, s: argparse.Namespace, device: str):
     return step
 
 
-def time_steps(step, n: int) -> tuple[float, float]:
-    """(first step's loss, median seconds per step after two warm-up steps)."""
+def time_steps(step, n: int, settle=None) -> tuple[float, float]:
+    """(first step's loss, median seconds per step after one more warm-up step).
+    `settle`: called after the first step (a remote compile finishing on the server)."""
     first = step()
+    if settle is not None:
+        settle()
     return first, median_seconds(step, n, warmup=1)
 
 
-def measure(transport_name: str, s: argparse.Namespace) -> list[dict]:
+def measure_local(s: argparse.Namespace) -> list[dict]:
+    """Each model's step on the local device, eager (and Inductor with --compile). It runs
+    in a process that never imports remote_accel: with a PrivateUse1 backend registered,
+    PyTorch takes that for the process's accelerator and no longer CUDA."""
+    rows = []
+    for name in s.models:
+        row = {"model": name}
+        row["local_loss"], row["local_s"] = time_steps(step_fn(name, s, s.device), s.steps)
+        if s.compile:
+            torch._dynamo.reset()
+            _, row["local_compiled_s"] = time_steps(step_fn(name, s, s.device, backend="inductor"), s.steps)
+        rows.append(row)
+    return rows
+
+
+def wait_for_compiles(session, limit_s: float) -> None:
+    """Until the server has compiled (or given up on) every graph it holds: steps timed
+    while it compiles would measure node-by-node replay and the compiler."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        stats = session.stats()
+        if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
+            return
+        time.sleep(0.5)
+
+
+def measure_remote(transport_name: str, s: argparse.Namespace) -> list[dict]:
+    """Each model's step through remote_accel with a server on `s.device`, eager (and with
+    --compile, the model through torch.compile(backend="remote_accel"): the server
+    compiles its graphs for its device)."""
     import remote_accel
+    from remote_accel.pytorch_ext import runtime
     from remote_accel.server.testing import ServerProcess
 
     transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"  # the fixture finds the server by TCP
@@ -179,16 +222,41 @@ def measure(transport_name: str, s: argparse.Namespace) -> list[dict]:
     with ServerProcess("--transport", transport, device=s.device) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())
-        remote_accel.init(transport=transport_name, server=f"{host}:{port}", token=server.token)
+        # a server compiling a large graph holds its GIL for a while: allow syncs to wait
+        remote_accel.init(transport=transport_name, server=f"{host}:{port}", token=server.token,
+                          timeout=300 if s.compile else 10)
+        session = runtime.sessions()[0]
         try:
             for name in s.models:
-                local_loss, local = time_steps(step_fn(name, s, s.device), s.steps)
-                remote_loss, remote = time_steps(step_fn(name, s, "remote_accel"), s.steps)
-                rows.append({"transport": transport_name, "model": name, "local_ms": local * 1e3,
-                             "remote_ms": remote * 1e3, "local_loss": local_loss, "remote_loss": remote_loss})
+                row = {"transport": transport_name, "model": name}
+                row["remote_loss"], row["remote_s"] = time_steps(step_fn(name, s, "remote_accel"), s.steps)
+                if s.compile:
+                    torch._dynamo.reset()
+                    before = session.stats()
+                    step = step_fn(name, s, "remote_accel", backend="remote_accel")
+                    row["remote_compiled_loss"], row["remote_compiled_s"] = time_steps(
+                        step, s.steps, settle=lambda: wait_for_compiles(session, s.compile_wait))
+                    row["graphs"] = {k: v - before.get(k, 0) for k, v in session.stats().items()
+                                     if k.startswith("graph")}  # this model's graphs alone
+                rows.append(row)
         finally:
             remote_accel.shutdown()
+            if s.server_log:  # compile times and any fallback's reason are in it
+                with open(s.server_log, "a") as f:
+                    f.write(server.log())
     return rows
+
+
+def _child_rows(argv: list[str], side: str, transport: str | None = None) -> list[dict] | None:
+    """Run this script for one side (and transport) in a process of its own; its JSON rows,
+    or None (and its stderr shown) when it failed."""
+    extra = ["--side", side] + (["--transport", transport] if transport else [])
+    child = subprocess.run([sys.executable, __file__, *argv, *extra], capture_output=True, text=True)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        print(f"{side} {transport or ''}: failed (rc {child.returncode})\n{child.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
 
 
 # -- driver --------------------------------------------------------------------------------
@@ -198,7 +266,14 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--transport", choices=("tcp", "dpdk", "both"), default="both")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, from " + ", ".join(MODELS))
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each model compiled: locally with Inductor, remotely with "
+                             "torch.compile(backend='remote_accel')")
+    parser.add_argument("--compile-wait", type=float, default=600.0,
+                        help="seconds to wait for the server to compile a model's graphs before timing")
+    parser.add_argument("--server-log", help="append each server's log to this file")
     parser.add_argument("--json", action="store_true", help="one JSON list of rows, for machines")
+    parser.add_argument("--side", choices=("local", "remote"), help=argparse.SUPPRESS)  # a child process's part
     for key in SIZES:
         parser.add_argument("--" + key.replace("_", "-"), dest=key, type=int, default=None)
     s = parser.parse_args(argv)
@@ -212,7 +287,46 @@ def parse(argv=None) -> argparse.Namespace:
             setattr(s, key, cpu_default if cpu else gpu_default)
     if s.steps < 1:
         parser.error("--steps must be at least 1")
+    if s.side == "remote" and s.transport == "both":
+        parser.error("--side remote takes one transport")
     return s
+
+
+def _child_argv(s: argparse.Namespace) -> list[str]:
+    """The options a child process needs to measure what this one was asked for."""
+    argv = ["--device", s.device, "--models", ",".join(s.models), "--steps", str(s.steps),
+            "--compile-wait", str(s.compile_wait)]
+    argv += ["--compile"] if s.compile else []
+    argv += ["--server-log", s.server_log] if s.server_log else []
+    for key in SIZES:
+        argv += ["--" + key.replace("_", "-"), str(getattr(s, key))]
+    return argv
+
+
+def _ms(row: dict, key: str) -> str:
+    return f"{row[key] * 1e3:10.2f}" if key in row else f"{'-':>10s}"
+
+
+def report(s: argparse.Namespace, rows: list[dict]) -> None:
+    print(f"device {s.device}, {s.steps} steps per model (median); GPT {s.layers} layers d {s.d_model} "
+          f"seq {s.seq} batch {s.batch}; ResNet-18 batch {s.resnet_batch} {s.image}x{s.image}")
+    compiled = s.compile
+    head = f"{'transport':9s} {'model':9s} {'local ms':>10s} {'remote ms':>10s} {'remote/local':>12s}"
+    if compiled:
+        head += f" {'local cmp':>10s} {'remote cmp':>10s} {'rcmp/local':>10s}"
+    print(head + f" {'loss local':>11s} {'loss remote':>11s}")
+    for r in rows:
+        line = (f"{r['transport']:9s} {r['model']:9s} {_ms(r, 'local_s')} {_ms(r, 'remote_s')} "
+                f"{r['remote_s'] / r['local_s']:11.2f}x")
+        if compiled:
+            line += (f" {_ms(r, 'local_compiled_s')} {_ms(r, 'remote_compiled_s')} "
+                     f"{r['remote_compiled_s'] / r['local_s']:9.2f}x")
+        print(line + f" {r['local_loss']:11.4f} {r['remote_loss']:11.4f}")
+    if compiled:
+        print("rcmp/local: the remote step with the model compiled on the server, over the local eager step")
+        for r in rows:
+            print(f"{r['transport']} {r['model']}: compiled remote first loss {r['remote_compiled_loss']:.4f}; "
+                  f"server graphs {r.get('graphs')}")
 
 
 def main(argv=None) -> int:
@@ -222,29 +336,23 @@ def main(argv=None) -> int:
               "GPU server and needs one; run it with --device cpu for a smoke run of its code paths",
               file=sys.stderr)
         return 2
-    if s.transport != "both":
-        rows = measure(s.transport, s)
-    else:  # a process per transport: the device and DPDK's EAL are set up once per process
-        rows = []
-        argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--json"]
-        for transport in ("tcp", "dpdk"):
-            child = subprocess.run([sys.executable, __file__, *argv, "--transport", transport, "--json"],
-                                   capture_output=True, text=True)
-            lines = child.stdout.strip().splitlines()
-            if child.returncode != 0 or not lines:
-                print(f"{transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)
-                continue
-            rows += json.loads(lines[-1])
-    if s.json:
+    if s.side is not None:
+        rows = measure_local(s) if s.side == "local" else measure_remote(s.transport, s)
         print(json.dumps(rows))
         return 0
-    print(f"device {s.device}, {s.steps} steps per model (median); GPT {s.layers} layers d {s.d_model} "
-          f"seq {s.seq} batch {s.batch}; ResNet-18 batch {s.resnet_batch} {s.image}x{s.image}")
-    print(f"{'transport':9s} {'model':9s} {'local ms':>10s} {'remote ms':>10s} {'remote/local':>12s} "
-          f"{'loss local':>11s} {'loss remote':>11s}")
-    for r in rows:
-        print(f"{r['transport']:9s} {r['model']:9s} {r['local_ms']:10.2f} {r['remote_ms']:10.2f} "
-              f"{r['remote_ms'] / r['local_ms']:11.2f}x {r['local_loss']:11.4f} {r['remote_loss']:11.4f}")
+    # Local and each transport in a process of its own: the device and DPDK's EAL are set
+    # up once per process, and the local run must not share a process with remote_accel.
+    argv = _child_argv(s)
+    local = _child_rows(argv, "local")
+    remote = []
+    for transport in (("tcp", "dpdk") if s.transport == "both" else (s.transport,)):
+        remote += _child_rows(argv, "remote", transport) or []
+    by_model = {row["model"]: row for row in local or []}
+    rows = [{**by_model[r["model"]], **r} for r in remote if r["model"] in by_model]
+    if s.json:
+        print(json.dumps(rows))
+    else:
+        report(s, rows)
     expected = len(s.models) * (2 if s.transport == "both" else 1)
     return 0 if len(rows) == expected else 1
 

@@ -5,9 +5,14 @@
 # (see the README's "GPU check" note). DPDK is not needed: clients use TCP.
 # Usage: scripts/gpu-check.sh [OUTDIR [TEST...]]   (logs and the OpInfo JSON land in OUTDIR;
 # naming tests runs only those, without the OpInfo sweep and the benchmark)
+#        scripts/gpu-check.sh --quick [OUTDIR]    (about 8 minutes, for a short GPU lease: the
+# benchmark first, eager and compiled, then the server suite and a slice of the e2e suite,
+# each part under its own time limit; no OpInfo sweep)
 # At the end, benchmarks/bench_gpu.py compares local CUDA with a CUDA server (TCP only: no DPDK here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [[ ${1:-} == --quick ]]; then quick=1; shift; fi
 out=${1:-/tmp/ra-gpu-check}
 shift || true
 tests=("$@")
@@ -21,6 +26,24 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$s
   >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c 'import torch, remote_accel; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+if [[ $quick == 1 ]]; then
+  # The figures first: a lease can end before the suites do. Each part has its own limit;
+  # the suites take what is left of QUICK_SECONDS (counted from the start, build included).
+  timeout 150 python3 benchmarks/bench_gpu.py --transport tcp --steps 5 2>&1 | tee "$out/bench_gpu.log"
+  timeout 240 python3 benchmarks/bench_gpu.py --transport tcp --steps 5 --models gpt-bf16,mlp --compile \
+    --server-log "$out/server_compile.log" 2>&1 | tee "$out/bench_gpu_compile.log"
+  # A file at a time, each under its own limit: a hang costs that file, and each file's
+  # failures are printed (one line each) as soon as it ends, not after the whole run.
+  for file in tests/e2e/test_training.py tests/e2e/test_compiled_graphs.py tests/e2e/test_gradients_match_cpu.py \
+              tests/server/test_*.py; do
+    left=$(( ${QUICK_SECONDS:-540} - SECONDS ))
+    if (( left < 20 )); then echo "gpu-check: out of time before $file"; break; fi
+    timeout $(( left < 120 ? left : 120 )) python3 -m pytest -q -p no:cacheprovider \
+      -m "not dpdk and not netns and not slow" --timeout 40 --tb=line -rfE "$file" 2>&1 \
+      | tee -a "$out/pytest.log" | tail -8
+  done
+  exit
+fi
 if [[ ${#tests[@]} -gt 0 ]]; then
   timeout 500 python3 -m pytest -q -p no:cacheprovider -m 'not dpdk and not netns' "${tests[@]}" 2>&1 \
     | tee "$out/pytest.log" | tail -60
