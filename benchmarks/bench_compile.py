@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import time
 
 import torch
 import torch.nn as nn
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
-from timing import median_seconds  # noqa: E402  (this folder, beside the script)
+from timing import median_seconds, wait_for_compiles  # noqa: E402  (this folder, beside the script)
 from remote_accel.server.testing import ServerProcess
-
-COMPILE_WAIT_S = 1800
 
 
 class TinyTransformer(nn.Module):
@@ -75,17 +72,6 @@ def _time(fn, n: int, threads: int = 0) -> float:
         return median_seconds(fn, n)
     finally:
         torch.set_num_threads(before)
-
-
-def wait_for_compiles(session) -> None:
-    """Until the server has compiled (or given up on) every graph it was sent: timing
-    steps while its compiler thread takes one of two cores measures the compiler."""
-    deadline = time.monotonic() + COMPILE_WAIT_S
-    while time.monotonic() < deadline:
-        stats = session.stats()
-        if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
-            return
-        time.sleep(1.0)
 
 
 def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False,

@@ -37,8 +37,7 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
-from bench_compile import wait_for_compiles  # noqa: E402  (this folder, beside the script)
-from timing import median_seconds  # noqa: E402
+from timing import median_seconds, wait_for_compiles  # noqa: E402  (this folder, beside the script)
 
 import sync_points
 

@@ -33,13 +33,12 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from timing import median_seconds  # noqa: E402  (this folder, beside the script)
+from timing import median_seconds, wait_for_compiles  # noqa: E402  (this folder, beside the script)
 
 MODELS = ("gpt", "gpt-bf16", "resnet18", "mlp")
 # sizes: (GPU defaults as the issue measured them, CPU smoke defaults)
@@ -196,17 +195,6 @@ def measure_local(s: argparse.Namespace) -> list[dict]:
             _, row["local_compiled_s"] = time_steps(step_fn(name, s, s.device, backend="inductor"), s.steps)
         rows.append(row)
     return rows
-
-
-def wait_for_compiles(session, limit_s: float) -> None:
-    """Until the server has compiled (or given up on) every graph it holds: steps timed
-    while it compiles would measure node-by-node replay and the compiler."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        stats = session.stats()
-        if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
-            return
-        time.sleep(0.5)
 
 
 def measure_remote(transport_name: str, s: argparse.Namespace) -> list[dict]:

@@ -17,3 +17,15 @@ def median_seconds(fn, n: int, warmup: int = 2) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def wait_for_compiles(session, limit_s: float = 1800.0) -> None:
+    """Until the server has compiled (or given up on) every graph it holds, at most
+    `limit_s`: steps timed while its compiler thread works would measure node-by-node
+    replay and the compiler, not the compiled code."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        stats = session.stats()
+        if stats["graph_compiles"] + stats["graph_compile_failures"] >= stats["graphs_cached"]:
+            return
+        time.sleep(0.5)
