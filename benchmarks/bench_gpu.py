@@ -189,10 +189,12 @@ def measure_local(s: argparse.Namespace) -> list[dict]:
     rows = []
     for name in s.models:
         row = {"model": name}
-        row["local_loss"], row["local_s"] = time_steps(step_fn(name, s, s.device), s.steps)
+        row["local_loss"], local = time_steps(step_fn(name, s, s.device), s.steps)
+        row["local_ms"] = local * 1e3
         if s.compile:
             torch._dynamo.reset()
-            _, row["local_compiled_s"] = time_steps(step_fn(name, s, s.device, backend="inductor"), s.steps)
+            _, local_compiled = time_steps(step_fn(name, s, s.device, backend="inductor"), s.steps)
+            row["local_compiled_ms"] = local_compiled * 1e3
         rows.append(row)
     return rows
 
@@ -217,13 +219,15 @@ def measure_remote(transport_name: str, s: argparse.Namespace) -> list[dict]:
         try:
             for name in s.models:
                 row = {"transport": transport_name, "model": name}
-                row["remote_loss"], row["remote_s"] = time_steps(step_fn(name, s, "remote_accel"), s.steps)
+                row["remote_loss"], remote = time_steps(step_fn(name, s, "remote_accel"), s.steps)
+                row["remote_ms"] = remote * 1e3
                 if s.compile:
                     torch._dynamo.reset()
                     before = session.stats()
                     step = step_fn(name, s, "remote_accel", backend="remote_accel")
-                    row["remote_compiled_loss"], row["remote_compiled_s"] = time_steps(
+                    row["remote_compiled_loss"], remote_compiled = time_steps(
                         step, s.steps, settle=lambda: wait_for_compiles(session, s.compile_wait))
+                    row["remote_compiled_ms"] = remote_compiled * 1e3
                     row["graphs"] = {k: v - before.get(k, 0) for k, v in session.stats().items()
                                      if k.startswith("graph")}  # this model's graphs alone
                 rows.append(row)
@@ -292,7 +296,7 @@ def _child_argv(s: argparse.Namespace) -> list[str]:
 
 
 def _ms(row: dict, key: str) -> str:
-    return f"{row[key] * 1e3:10.2f}" if key in row else f"{'-':>10s}"
+    return f"{row[key]:10.2f}" if key in row else f"{'-':>10s}"
 
 
 def report(s: argparse.Namespace, rows: list[dict]) -> None:
@@ -304,11 +308,11 @@ def report(s: argparse.Namespace, rows: list[dict]) -> None:
         head += f" {'local cmp':>10s} {'remote cmp':>10s} {'rcmp/local':>10s}"
     print(head + f" {'loss local':>11s} {'loss remote':>11s}")
     for r in rows:
-        line = (f"{r['transport']:9s} {r['model']:9s} {_ms(r, 'local_s')} {_ms(r, 'remote_s')} "
-                f"{r['remote_s'] / r['local_s']:11.2f}x")
+        line = (f"{r['transport']:9s} {r['model']:9s} {_ms(r, 'local_ms')} {_ms(r, 'remote_ms')} "
+                f"{r['remote_ms'] / r['local_ms']:11.2f}x")
         if compiled:
-            line += (f" {_ms(r, 'local_compiled_s')} {_ms(r, 'remote_compiled_s')} "
-                     f"{r['remote_compiled_s'] / r['local_s']:9.2f}x")
+            line += (f" {_ms(r, 'local_compiled_ms')} {_ms(r, 'remote_compiled_ms')} "
+                     f"{r['remote_compiled_ms'] / r['local_ms']:9.2f}x")
         print(line + f" {r['local_loss']:11.4f} {r['remote_loss']:11.4f}")
     if compiled:
         print("rcmp/local: the remote step with the model compiled on the server, over the local eager step")

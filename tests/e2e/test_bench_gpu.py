@@ -26,7 +26,7 @@ def test_smoke_run_eager_and_compiled_gives_the_local_losses():
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["transport"] == "tcp" and row["model"] == "mlp"
-    for key in ("local_s", "remote_s", "local_compiled_s", "remote_compiled_s"):
+    for key in ("local_ms", "remote_ms", "local_compiled_ms", "remote_compiled_ms"):
         assert row[key] > 0, row
     # the same seed makes the same model and batch: the first step's loss is the local one
     assert row["remote_loss"] == pytest.approx(row["local_loss"], rel=1e-5)
