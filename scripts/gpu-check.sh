@@ -2,11 +2,11 @@
 # Run the server, e2e and OpInfo suites with every test server on a GPU
 # (REMOTE_ACCEL_TEST_DEVICE=cuda). Meant for a machine with CUDA, PyTorch, meson and
 # ninja but no package index: the other Python dependencies come as wheels in ./.whl
-# (see the README's "GPU check" note). DPDK is not needed: clients use TCP.
+# (the README's Development section lists them). DPDK is not needed: clients use TCP.
 # Usage: scripts/gpu-check.sh [OUTDIR [TEST...]]   (logs and the OpInfo JSON land in OUTDIR;
 # naming tests runs only those, without the OpInfo sweep and the benchmark)
-#        scripts/gpu-check.sh --quick [OUTDIR]    (about 8 minutes, for a short GPU lease: the
-# benchmark first, eager and compiled, then the server suite and a slice of the e2e suite,
+#        scripts/gpu-check.sh --quick [OUTDIR]    (about 9 minutes, for a short GPU lease: the
+# benchmark first, eager and compiled, then a slice of the e2e suite and the server suite,
 # each part under its own time limit; no OpInfo sweep)
 # At the end, benchmarks/bench_gpu.py compares local CUDA with a CUDA server (TCP only: no DPDK here).
 set -uo pipefail
