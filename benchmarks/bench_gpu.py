@@ -295,10 +295,6 @@ def _child_argv(s: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _ms(row: dict, key: str) -> str:
-    return f"{row[key]:10.2f}" if key in row else f"{'-':>10s}"
-
-
 def report(s: argparse.Namespace, rows: list[dict]) -> None:
     print(f"device {s.device}, {s.steps} steps per model (median); GPT {s.layers} layers d {s.d_model} "
           f"seq {s.seq} batch {s.batch}; ResNet-18 batch {s.resnet_batch} {s.image}x{s.image}")
@@ -308,10 +304,10 @@ def report(s: argparse.Namespace, rows: list[dict]) -> None:
         head += f" {'local cmp':>10s} {'remote cmp':>10s} {'rcmp/local':>10s}"
     print(head + f" {'loss local':>11s} {'loss remote':>11s}")
     for r in rows:
-        line = (f"{r['transport']:9s} {r['model']:9s} {_ms(r, 'local_ms')} {_ms(r, 'remote_ms')} "
+        line = (f"{r['transport']:9s} {r['model']:9s} {r['local_ms']:10.2f} {r['remote_ms']:10.2f} "
                 f"{r['remote_ms'] / r['local_ms']:11.2f}x")
         if compiled:
-            line += (f" {_ms(r, 'local_compiled_ms')} {_ms(r, 'remote_compiled_ms')} "
+            line += (f" {r['local_compiled_ms']:10.2f} {r['remote_compiled_ms']:10.2f} "
                      f"{r['remote_compiled_ms'] / r['local_ms']:9.2f}x")
         print(line + f" {r['local_loss']:11.4f} {r['remote_loss']:11.4f}")
     if compiled:
