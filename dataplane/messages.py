@@ -327,6 +327,15 @@ def from_fields(cls, values) -> Any:
     return cls(*values)
 
 
+def encode_read(sid: int, offset: int, nbytes: int) -> bytes:
+    """encode(ReadStorage(sid, offset, nbytes)) without the generic walk: every `.item()`
+    and small `.cpu()` sends one."""
+    return _READ_HEADER + codec.encode_int(sid) + codec.encode_int(offset) + codec.encode_int(nbytes)
+
+
+_READ_HEADER = codec.tuple_header(3)
+
+
 def batch_items(batch: Batch) -> list:
     """Decode a Batch's items into request dataclasses, rejecting types not allowed there."""
     out = []

@@ -12,12 +12,14 @@ from __future__ import annotations
 import torch
 
 from ..dataplane.codec import Ext
+from ..dataplane.wire import MsgType
 from ..torch_wire import sparse as tw_sparse
 from ..torch_wire import values as tv
 from . import runtime
 from ._native import load
 
 _C = load()
+_FREE = int(MsgType.FREE)  # the FreeStorage item NativeQueue.take appends
 
 
 def device_index(t: torch.Tensor) -> int:
@@ -33,8 +35,10 @@ class NativeQueue:
         _C.queue_open(index)  # also forgets the storages an earlier server knew
 
     def take(self) -> tuple[int, int, bytes]:
-        """(requests, of which ops, their encodings back to back) queued since the last take."""
-        return _C.queue_take(self.index)
+        """(requests, of which ops, their encodings back to back) queued since the last take,
+        and last a FreeStorage of the storages freed since then that the server knows:
+        every use of them is queued by now, here or in Python's batch before this take."""
+        return _C.queue_take(self.index, _FREE)
 
     def close(self) -> None:
         _C.queue_close(self.index)
@@ -43,12 +47,6 @@ class NativeQueue:
 def set_memory_limit(index: int, limit: int) -> None:
     """The session's memory limit (0: none but the device's), enforced at allocation."""
     _C.set_memory_limit(index, limit)
-
-
-def take_freed(index: int) -> list[int]:
-    """Ids of storages the server knows that were freed since the last call: the session
-    sends them with its next batch (one FREE per batch, not one per op)."""
-    return _C.take_freed(index)
 
 
 def announce(t: torch.Tensor, index: int) -> int:

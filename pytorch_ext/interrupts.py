@@ -10,10 +10,8 @@ on both sides. The late reply to the interrupted request is skipped by its reque
 from __future__ import annotations
 
 import _signal
-import contextlib
 import signal
 import threading
-from typing import Iterator
 
 
 class Flag:
@@ -35,27 +33,37 @@ _NEVER = Flag()  # outside the main thread, or a user's own handler: nothing is 
 _active: "Flag | None" = None
 
 
-@contextlib.contextmanager
-def deferred() -> Iterator[Flag]:
+class deferred:
     """Defer Python's default Ctrl-C handling; raise KeyboardInterrupt at the end if one
-    came and the body did not raise it itself (checking `flag.is_set`)."""
-    global _active
-    if _active is not None and threading.current_thread() is threading.main_thread():
-        yield _active  # nested (a sync point's send inside its request): the outer one raises
-        return
-    # Python runs signal handlers in the main thread only, and a handler the user set
-    # may do anything: leave both alone. The C-level _signal functions: signal.signal's
-    # enum conversions cost more than the rest of a sync point's bookkeeping.
-    if threading.current_thread() is not threading.main_thread() \
-            or _signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield _NEVER
-        return
-    flag = _active = Flag()
-    _signal.signal(signal.SIGINT, flag)
-    try:
-        yield flag
-    finally:
+    came and the body did not raise it itself (checking `flag.is_set`).
+
+    A class, not a generator-based context manager: it runs twice per sync point, and
+    contextlib's machinery cost more than the rest of its bookkeeping."""
+
+    __slots__ = ("_flag",)
+
+    def __enter__(self) -> Flag:
+        global _active
+        main = threading.get_ident() == threading.main_thread().ident  # (a forked child's main too)
+        if _active is not None and main:
+            self._flag = None  # nested (a sync point's send inside its request): the outer one raises
+            return _active
+        # Python runs signal handlers in the main thread only, and a handler the user set
+        # may do anything: leave both alone. The C-level _signal functions: signal.signal's
+        # enum conversions cost more than the rest of a sync point's bookkeeping.
+        if not main or _signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self._flag = None
+            return _NEVER
+        flag = self._flag = _active = Flag()
+        _signal.signal(signal.SIGINT, flag)
+        return flag
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        global _active
+        flag = self._flag
+        if flag is None:
+            return
         _active = None
         _signal.signal(signal.SIGINT, signal.default_int_handler)
-    if flag.is_set:
-        raise KeyboardInterrupt
+        if flag.is_set and exc_type is None:
+            raise KeyboardInterrupt

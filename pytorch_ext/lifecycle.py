@@ -12,7 +12,6 @@ how to rebuild).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shlex
@@ -130,7 +129,6 @@ def init(
 
         fallback.forget_plans()  # plans are made for a server's device type
         for index, s in enumerate(made):
-            s.freed_source = functools.partial(handles.take_freed, index)
             s.native_queue = handles.NativeQueue(index)
             handles.set_memory_limit(index, s.welcome.memory_limit)
         runtime.add(made)

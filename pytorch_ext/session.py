@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..errors import (DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, TransportError, TransportTimeout,
                       WrongPeerError)
@@ -50,6 +50,7 @@ FLUSH_AFTER_S = 0.002
 #: A sync's wait is cut into slices this long, so that Ctrl-C is seen between them (a
 #: DPDK receive waits in C, where Python's signal handlers cannot run).
 WAIT_SLICE_S = 0.1
+_SYNC_META = m.encode(m.Sync())
 
 
 class Session:
@@ -57,6 +58,7 @@ class Session:
 
     def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = ""):
         self.transport = transport
+        self._transport_send_many = getattr(transport, "send_many", None)
         self.timeout = timeout
         self._req_ids = itertools.count(1)
         self._lock = threading.RLock()  # sync calls and flushes; RLock: flush inside sync
@@ -78,10 +80,8 @@ class Session:
         #: for direct server-to-server copies (None: copies to it go through this client)
         self.peer_address: Optional[str] = None
         self.token = token
-        #: returns the ids of storages freed since the last call; they leave with each batch
-        self.freed_source: Optional[Callable[[], list]] = None
-        #: the device's C++ queue (handles.NativeQueue): requests queued there leave before
-        #: anything queued here after them
+        #: the device's C++ queue (handles.NativeQueue): requests queued there, and the FREE
+        #: of storages freed since, leave before anything queued here after them
         self.native_queue = None
         #: the timer flush's delay (FLUSH_AFTER_S); None stops it (tests that look at the queue)
         self.flush_after: Optional[float] = FLUSH_AFTER_S
@@ -162,18 +162,13 @@ class Session:
                 self._batch_items += requests
                 self.counters["ops"] += ops
 
-    def flush(self, then: Optional[tuple] = None) -> None:
-        """Send every queued request now (without waiting for anything). `then`, a
-        (type, meta, payloads, req_id) request, leaves right after them in the same call
-        of the transport: over TCP a sync point's flush and request wake the server once."""
+    def flush(self) -> None:
+        """Send every queued request now (without waiting for anything)."""
         with self._lock:
             self._collect()
             batch = self._take_batch()
-            if then is None:
-                if batch is not None and not self._post([batch]):
-                    self._send_many([batch])
-                return
-            self._send_many([batch, then] if batch is not None else [then])
+            if batch is not None and not self._post([batch]):
+                self._send_many([batch])
 
     def _take_batch(self) -> Optional[tuple]:
         """The queued requests as one Batch message (type, meta, payloads, 0); None if none."""
@@ -186,15 +181,9 @@ class Session:
         return (m.Batch.TYPE, meta, payloads, 0)
 
     def _collect(self) -> None:
-        """Move what the C++ queue and the freed ids hold into the batch."""
+        """Move what the C++ queue holds (the freed ids included) into the batch."""
         if self._dead is None:
-            # freed ids first: every use of them is queued by now, in C++ or here, and
-            # a storage freed after this point may have its ALLOC in the C++ queue
-            gone = self.freed_source() if self.freed_source is not None else None
             self._take_native()
-            if gone:
-                self._batch += encode(m.batch_item(m.FreeStorage(tuple(gone))))
-                self._batch_items += 1
 
     # -- sync points ---------------------------------------------------------------------------
     def sync(self, timeout: Optional[float] = None) -> int:
@@ -208,7 +197,7 @@ class Session:
             if (self._settled is not None and not self._batch_items and self._late_error is None
                     and not self._abandoned and self._dead is None):
                 return self._settled  # as torch.cuda.synchronize() with an idle device: no wait
-            ops_done = self._call(m.Sync(), m.SyncOk, deadline=timeout).ops_done
+            ops_done = self._exchange(MsgType.SYNC, _SYNC_META, m.SyncOk, deadline=timeout).ops_done
             self._settled = ops_done
             return ops_done
 
@@ -219,7 +208,8 @@ class Session:
             return [out] if lengths == [nbytes] else default_sink(header, meta, lengths)
 
 
-        reply = self._call(m.ReadStorage(sid, offset, nbytes), m.Data, sink=None if out is None else sink)
+        reply = self._exchange(MsgType.READ, m.encode_read(sid, offset, nbytes), m.Data,
+                               sink=None if out is None else sink)
         self.counters["bytes_down"] += nbytes
         return reply.payloads[0]
 
@@ -343,24 +333,30 @@ class Session:
                     self._sending = False
                     self._outbox_cv.notify_all()
 
-    def _send_many(self, messages: list, drain: bool = True) -> None:
+    def _send_many(self, messages: list, drain: bool = True, defer: bool = True) -> None:
         """Send (type, meta, payloads, req_id) messages in order, in one transport call
-        where the transport has send_many."""
+        where the transport has send_many. defer=False: the caller holds interrupts.deferred()."""
         if drain and self._sender is not None:
             self._drain_outbox()  # in order: the batches posted before these messages first
         self._check_alive()
         self._settled = None
-        send_many = getattr(self.transport, "send_many", None)
         try:
-            with interrupts.deferred():  # half a message would put the stream out of step for good
-                if send_many is not None:
-                    send_many(messages)
-                else:
-                    for msg_type, meta, payloads, req_id in messages:
-                        self.transport.send(msg_type, meta, payloads, req_id=req_id)
+            if defer:
+                with interrupts.deferred():  # half a message would put the stream out of step for good
+                    self._transmit(messages)
+            else:
+                self._transmit(messages)
         except TransportError as exc:
             raise self._fail(exc) from exc
         self._last_send = time.monotonic()
+
+    def _transmit(self, messages: list) -> None:
+        send_many = self._transport_send_many
+        if send_many is not None:
+            send_many(messages)
+        else:
+            for msg_type, meta, payloads, req_id in messages:
+                self.transport.send(msg_type, meta, payloads, req_id=req_id)
 
     def _handshake(self, token: str, client: str) -> m.Welcome:
         """The challenge-response handshake. A peer that stays silent, closes, or answers
@@ -373,24 +369,36 @@ class Session:
                                  f"version {WIRE_VERSION}): {exc}") from exc
 
     def _call(self, msg, reply_cls, sink=None, deadline: Optional[float] = None):
-        """Flush, send `msg`, wait for its reply (skipping heartbeats and late replies)."""
+        return self._exchange(msg.TYPE, m.encode(msg), reply_cls, sink, deadline)
+
+    def _exchange(self, msg_type: int, meta: bytes, reply_cls, sink=None, deadline: Optional[float] = None):
+        """Flush, send the request (its encoded meta), wait for its reply (skipping
+        heartbeats and late replies). The flush and the request leave in one transport
+        call: over TCP or DPDK they wake the server once. This is every sync point's path:
+        it makes as few Python calls as it can (issue #20)."""
         with self._lock:
             with interrupts.deferred() as sigint:
                 req_id = next(self._req_ids) & 0xFFFFFFFF or next(self._req_ids)  # 0: unsolicited
-                self.flush(then=(msg.TYPE, m.encode(msg), [], req_id))
+                self._collect()
+                batch = self._take_batch()
+                request = (msg_type, meta, (), req_id)
+                self._send_many([batch, request] if batch is not None else [request], defer=False)
                 self.counters["round_trips"] += 1
                 reply = self._wait(req_id, sink, deadline, sigint)
-            decoded = m.decode(reply.type, reply.meta)
-            if isinstance(decoded, m.ErrorReply):
-                if decoded.kind == "device_lost":  # the server exits: nothing more can run there
-                    raise self._fail(handshake.remote_error(decoded))
-                raise handshake.remote_error(decoded)  # a late error, if any, waits for the next sync
-            if not isinstance(decoded, reply_cls):
-                raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
+            if reply.type == MsgType.DATA and reply_cls is m.Data and len(reply.payloads) == 1:
+                decoded = reply  # its meta only repeats the payload's length, which the sink checked
+            else:
+                decoded = m.decode(reply.type, reply.meta)
+                if isinstance(decoded, m.ErrorReply):
+                    if decoded.kind == "device_lost":  # the server exits: nothing more can run there
+                        raise self._fail(handshake.remote_error(decoded))
+                    raise handshake.remote_error(decoded)  # a late error, if any, waits for the next sync
+                if not isinstance(decoded, reply_cls):
+                    raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
             if self._late_error is not None:
                 late, self._late_error = self._late_error, None
                 raise late
-            return reply if reply_cls is m.Data else decoded
+            return decoded
 
     def _wait(self, req_id: int, sink, deadline: Optional[float], sigint) -> "Message":
         """The reply to `req_id`. Any message from the server (a heartbeat included) shows

@@ -229,11 +229,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device_index"), "Accept requests for this device (a new session: no storage announced).");
   m.def("queue_close", [](int device) { ra::queue_close(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Refuse requests for this device and drop what is queued.");
-  m.def("queue_take", [](int device) {
-          auto [requests, ops, bytes] = ra::queue_take(static_cast<c10::DeviceIndex>(device));
+  m.def("queue_take", [](int device, int64_t free_type) {
+          auto [requests, ops, bytes] = ra::queue_take(static_cast<c10::DeviceIndex>(device), free_type);
           return py::make_tuple(requests, ops, py::bytes(bytes));
-        }, py::arg("device_index"),
-        "(requests, of which ops, their encodings back to back) queued in C++ since the last take.");
+        }, py::arg("device_index"), py::arg("free_type") = -1,
+        "(requests, of which ops, their encodings back to back) queued in C++ since the last take; "
+        "with free_type (FREE's wire number) also a FreeStorage item of the freed ids, last.");
   m.def("announce", [](const at::Tensor& t, int device) {
           return ra::announce(t, static_cast<c10::DeviceIndex>(device));
         }, py::arg("tensor"), py::arg("device_index"),

@@ -73,13 +73,27 @@ void queue_close(c10::DeviceIndex device) {
   end_session(device);  // the server forgets the session's storages: they become stale
 }
 
-std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device) {
+std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, int64_t free_type) {
+  // freed ids first: every use of them is queued by now, and a storage freed after this
+  // point may have its ALLOC in the queue taken below, so its FREE must not go with it
+  auto freed = free_type >= 0 ? take_freed(device) : std::vector<uint64_t>{};
   auto& q = queue(device);
   std::string bytes;
   std::lock_guard<std::mutex> lock(q.mu);
   bytes.swap(q.bytes);
   q.bytes.reserve(bytes.capacity());
-  auto taken = std::make_tuple(q.requests, q.ops, std::move(bytes));
+  auto requests = q.requests;
+  if (!freed.empty()) {  // FreeStorage(sids) as a batch item: (type, ((sid, ...),))
+    put_tuple_header(bytes, 2);
+    put_int(bytes, free_type);
+    put_tuple_header(bytes, 1);
+    put_tuple_header(bytes, freed.size());
+    for (auto sid : freed) {
+      put_int(bytes, static_cast<int64_t>(sid));
+    }
+    ++requests;
+  }
+  auto taken = std::make_tuple(requests, q.ops, std::move(bytes));
   q.requests = q.ops = 0;
   return taken;
 }

@@ -34,8 +34,10 @@ void install_op_fallback(pybind11::function slow_path, pybind11::function flush,
 // storage the previous server knew) and close (the session ended or died).
 void queue_open(c10::DeviceIndex device);
 void queue_close(c10::DeviceIndex device);
-// (requests, of which ops, their concatenated encodings) queued since the last take.
-std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device);
+// (requests, of which ops, their concatenated encodings) queued since the last take;
+// with free_type >= 0 (the wire number of FREE) also one FreeStorage item of the ids
+// take_freed() would return, after the rest: one call per batch instead of two.
+std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, int64_t free_type = -1);
 
 // The storage id of a remote argument, queueing ALLOC first if the server has not seen it.
 uint64_t announce(const at::Tensor& t, c10::DeviceIndex device);

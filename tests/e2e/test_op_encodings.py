@@ -207,7 +207,9 @@ def test_an_out_of_place_op_travels_as_itself(session):
     before = session.stats()
     ys = [x * float(i) + 1.0 for i in range(10)]
     items = _queued(session)
-    assert [kind for kind, _ in items] == [m.RunPlanned.TYPE] * 20
+    # and one FREE, last, of the products `x * i` freed after their sums were queued
+    assert [kind for kind, _ in items] == [m.RunPlanned.TYPE] * 20 + [m.FreeStorage.TYPE]
+    assert len(_of_type(items, m.FreeStorage)[0].sids) == 10
     assert session.stats()["alloc_requests"] == before["alloc_requests"]
     cx = x.cpu()
     for i, y in enumerate(ys):
@@ -420,3 +422,20 @@ def test_dropout_is_served_from_a_plan_and_follows_manual_seed(session):
     now = session.stats()
     assert fallback._C.plan_stats()[0] == plans[0] and fallback._C.plan_stats()[1] - plans[1] == 5
     assert now["ops_done"] - stats["ops_done"] == now["native_ops_done"] - stats["native_ops_done"] == 5
+
+
+def test_freed_storages_leave_in_one_free_after_the_requests_queued_before(session):
+    """NativeQueue.take ends with one FreeStorage of the storages freed since the last take
+    that the server knew; a storage it never saw is not named."""
+    a = torch.ones(4, device="remote_accel")
+    b = a + 1
+    c = b * 2  # b, c: announced to the server as results
+    session.flush()
+    unseen = torch.empty(8, device="remote_accel")  # never used by an op: the server has no storage
+    del b, c, unseen
+    d = a + 3
+    items = _queued(session)
+    frees = _of_type(items, m.FreeStorage)
+    assert len(frees) == 1 and items[-1][0] == m.FreeStorage.TYPE, items
+    assert len(frees[0].sids) == 2
+    assert d.cpu().tolist() == [4.0] * 4  # and the server took the FREE well

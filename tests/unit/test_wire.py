@@ -58,3 +58,10 @@ def test_batch_rejects_forbidden_items():
     bad = messages.Batch(((int(MsgType.HELLO), ("tok", "c", 1)),))
     with pytest.raises(ProtocolError, match="not allowed"):
         messages.batch_items(bad)
+
+
+@pytest.mark.parametrize("sid, offset, nbytes", [(1, 0, 4), (127, 128, 8), (2**40, 2**33, 4096), (-3, -128, 0)])
+def test_a_read_encoded_directly_is_the_generic_encoding(sid, offset, nbytes):
+    encoded = messages.encode_read(sid, offset, nbytes)
+    assert encoded == messages.encode(messages.ReadStorage(sid, offset, nbytes))
+    assert messages.decode(MsgType.READ, encoded) == messages.ReadStorage(sid, offset, nbytes)
