@@ -226,7 +226,8 @@ class DpdkTransport(Transport):
             msg_type, meta, payloads, req_id = messages[0]
             return self.send(msg_type, meta, payloads, req_id=req_id, flags=flags)
         for _, meta, payloads, req_id in messages:
-            self._limits.check(len(meta), len(payloads), sum(byte_view(p).nbytes for p in payloads))
+            if payloads or len(meta) > self._max_meta:  # (most requests have no payloads)
+                self._limits.check(len(meta), len(payloads), sum(byte_view(p).nbytes for p in payloads))
             if not 0 <= req_id < 1 << 32:
                 raise ValueError(f"req_id {req_id} does not fit in 32 bits")
         self._check_open()
@@ -255,10 +256,16 @@ class DpdkTransport(Transport):
     def recv(self, timeout: Optional[float] = None, sink: Optional[PayloadSink] = None) -> Message:
         self._check_open()
         t = -1 if timeout is None else int(max(timeout, 0.0) * 1e9)
-        info = self._info
-        n = lib.shim_conn_recv_msg(self._c, self._wire, self._head, HEAD_CAP, t, info)
+        n = lib.shim_conn_recv_msg(self._c, self._wire, self._head, HEAD_CAP, t, self._info)
         if n < 0:
             raise self._fail(n, "recv")
+        return self.finish_recv(n, sink)
+
+    def finish_recv(self, n: int, sink: Optional[PayloadSink] = None) -> Message:
+        """The rest of recv() for a message whose first `n` bytes shim_conn_recv_msg put in
+        this transport's head buffer: its own call above, or a server session's C++ loop
+        (native_addresses) that left the message to Python."""
+        info = self._info
         if info.status != 0:  # an error, or a prologue longer than the head: wire.py decides
             return self._recv_checked(n, info.msg_len, sink)
         head, k, plen = self._head_view, info.n_payloads, info.prologue_len
@@ -280,6 +287,31 @@ class DpdkTransport(Transport):
                 raise
             return Message(header.type, meta, [], header.req_id, header.flags)
         return self._recv_payloads(header, meta, lengths, plen, n, sink)
+
+    def send_locked(self, send_fn) -> None:
+        """Run `send_fn()`, a C call that sends one message on this connection and returns
+        0 or a -errno (a server session's C++ loop), under the lock Python's sends hold:
+        messages never interleave. Raises as send."""
+        with self._send_lock:
+            self._check_open()
+            rc = send_fn()
+        if rc < 0:
+            raise self._fail(rc, "send")
+
+    def recv_error(self, rc: int) -> Exception:
+        """The exception recv() raises for the shim's return code `rc` (a -errno)."""
+        return self._fail(rc, "recv")
+
+    def native_addresses(self) -> tuple:
+        """(conn, wire, head, head capacity, info, shim_conn_recv_msg, shim_conn_send_msg) as
+        integers, for a server session's receive loop in C++ (server/csrc/fast_loop.h). It
+        uses this transport's own head buffer, so finish_recv() can take over a message.
+        Valid while this transport lives."""
+        def address(cdata) -> int:
+            return int(ffi.cast("uintptr_t", cdata))
+
+        return (address(self._c), address(self._wire), address(self._head), HEAD_CAP, address(self._info),
+                address(ffi.addressof(lib, "shim_conn_recv_msg")), address(ffi.addressof(lib, "shim_conn_send_msg")))
 
     def _recv_checked(self, n: int, total: int, sink) -> Message:
         head = self._head_view

@@ -101,6 +101,11 @@ class Executor(GraphRuns):
         return self._python_ops + self.native.ops_done()
 
     @property
+    def python_ops(self) -> int:
+        """The ops Python ran (ops_done less the C++ executor's own count)."""
+        return self._python_ops
+
+    @property
     def alloc_requests(self) -> int:
         """ALLOC requests run: a storage announced by the client before an op uses it."""
         return self.python_alloc_requests + self.native.alloc_requests()

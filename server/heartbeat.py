@@ -23,11 +23,19 @@ HEARTBEAT_S = 0.5
 _PONG = m.encode(m.Pong(0))
 
 
+def _never() -> bool:
+    return False
+
+
 class Heartbeat:
     def __init__(self, transport: Transport, name: str, interval: float = HEARTBEAT_S):
         self.transport = transport
         self.interval = interval
         self.busy = False  # set by the session while it handles a request
+        #: also busy while this returns True (the session's C++ loop running a batch)
+        self.native_busy = _never
+        #: sends one PONG; a session whose C++ loop also sends replaces it (serialised with it)
+        self.send_pong = lambda: transport.send(m.Pong.TYPE, _PONG)
         self.last_send = time.monotonic()  # updated by the session after each reply
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -42,9 +50,9 @@ class Heartbeat:
         # Beats only while busy: an idle client reads nothing, and beats would pile up in
         # its receive buffer. The transport serialises sends: a beat never splits a reply.
         while not self._ended.wait(self.interval / 2):
-            if self.busy and time.monotonic() - self.last_send >= self.interval:
+            if (self.busy or self.native_busy()) and time.monotonic() - self.last_send >= self.interval:
                 try:
-                    self.transport.send(m.Pong.TYPE, _PONG)
+                    self.send_pong()
                 except TransportError:
                     return
                 self.last_send = time.monotonic()

@@ -20,6 +20,8 @@ if _native.VERSION != __version__:
 
 #: What batch items Executor.resume stopped at (csrc/native.h, Executor::Stop).
 END, SLOW, ERROR = 0, 1, 2
+#: Why FastLoop.run returned (csrc/fast_loop.h, FastLoop::Code).
+LOOP_YIELD, LOOP_MESSAGE, LOOP_FAILED, LOOP_STOPPED = 0, 1, 2, 3
 
 _TYPES = {
     "RuntimeError": RuntimeError, "IndexError": IndexError, "ValueError": ValueError, "TypeError": TypeError,
@@ -43,6 +45,7 @@ def to_exception(kind: str, type_name: str, message: str, op: str) -> BaseExcept
 _native.set_error_factory(to_exception)
 
 Executor = _native.Executor
+FastLoop = _native.FastLoop
 Pool = _native.Pool
 lock_default_generator = _native.lock_default_generator
 unlock_default_generator = _native.unlock_default_generator

@@ -16,7 +16,9 @@ While the session works on a request, its Heartbeat tells the client it is alive
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import time
 from typing import NamedTuple, Optional
 
@@ -49,6 +51,7 @@ SMALL_READ = 4096
 
 #: Data reply metas of small READs, encoded once per size (a CPU server's `.item()`)
 _DATA_META: dict = {}
+_PONG_META = m.encode(m.Pong(0))
 
 
 class NativeBatch(NamedTuple):
@@ -77,6 +80,7 @@ class Session(Receiving):
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
+        self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop, DPDK only
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
@@ -120,9 +124,15 @@ class Session(Receiving):
         # bound once: each message's path is a few microseconds of Python (issue #20)
         recv, sink, heartbeat, unpin = self.transport.recv, self._sink, self.heartbeat, self.table.native.unpin
         dispatch, exit_if_device_lost = self._dispatch, self.server.exit_if_device_lost
+        fast = self._fast_loop()
+        if fast is not None:
+            recv = functools.partial(self._fast_recv, fast)
         while True:
             try:
                 msg = recv(timeout=timeout, sink=sink)
+                if msg is None:  # the C++ loop served what came
+                    exit_if_device_lost()
+                    continue
             except TransportTimeout:
                 return f"no message for {timeout:.0f} s (heartbeat timeout)"
             except TransportError as exc:
@@ -146,6 +156,44 @@ class Session(Receiving):
             exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"
+
+    def _fast_loop(self) -> Optional["native.FastLoop"]:
+        """The C++ receive loop (csrc/fast_loop.h) for a DPDK connection; None for other
+        transports, or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message through Python)."""
+        addresses = getattr(self.transport, "native_addresses", None)
+        if addresses is None or os.environ.get("REMOTE_ACCEL_SERVER_FAST_LOOP", "1") == "0":
+            return None
+        types = (MsgType.BATCH, MsgType.READ, MsgType.SYNC, MsgType.DATA, MsgType.SYNC_OK, MsgType.PONG)
+        loop = native.FastLoop(self.executor.native, addresses(), tuple(map(int, types)), not self.device.accelerator,
+                               SMALL_READ, _PONG_META)
+        self.heartbeat.native_busy = loop.busy
+        self.heartbeat.send_pong = functools.partial(self.transport.send_locked, loop.send_pong)
+        self._fast = loop
+        return loop
+
+    def _fast_recv(self, fast, timeout: float, sink) -> Optional[Message]:
+        """transport.recv through the C++ loop: the next message Python must dispatch, or
+        None when the loop served all that came (or ran a Batch on until an item Python
+        runs, which ran here). Raises as recv."""
+        result = fast.run(int(timeout * 1e9), self.executor.python_ops, self.pending is not None)
+        for ns in fast.take_batch_ns():
+            self.busy_ns += ns
+            self.counters.batch(ns * 1e-9)
+        code = result[0]
+        if code == native.LOOP_MESSAGE:
+            return self.transport.finish_recv(result[1], sink)
+        if code == native.LOOP_FAILED:
+            raise self.transport.recv_error(result[1])
+        if code == native.LOOP_STOPPED:
+            start = time.perf_counter_ns()
+            self.heartbeat.busy = True
+            try:
+                self._run_native(NativeBatch(result[2]), stopped=result[1])
+            finally:
+                self.heartbeat.busy = False
+                self.table.native.unpin(0)
+                self.busy_ns += time.perf_counter_ns() - start
+        return None
 
     def _release(self, reason: str) -> None:
         self.heartbeat.stop()
@@ -223,12 +271,16 @@ class Session(Receiving):
         self._stash = (MsgType.BATCH, NativeBatch(meta), None)
         return True
 
-    def _run_native(self, batch: NativeBatch) -> None:
+    def _run_native(self, batch: NativeBatch, stopped: Optional[tuple] = None) -> None:
         """Run a scanned Batch: C++ runs what it can with the GIL released and stops at
-        each item Python must run (RunOp, plans without a template) or that failed."""
+        each item Python must run (RunOp, plans without a template) or that failed.
+        stopped: where the C++ loop's run of it stopped (Executor.resume's answer)."""
         first = 0
         while True:
-            index, stop, begin, _, error = self.executor.native.resume(first)
+            if stopped is None:
+                index, stop, begin, _, error = self.executor.native.resume(first)
+            else:
+                (index, stop, begin, _, error), stopped = stopped, None
             if stop == native.END:
                 return
             first = index + 1
@@ -376,6 +428,8 @@ class Session(Receiving):
             "alloc_requests": self.executor.alloc_requests if self.executor else 0,
             "storages_made": self.executor.storages_made if self.executor else 0,
             "busy_ns": self.busy_ns,
+            # messages the C++ receive loop served (DPDK): (batches, reads, syncs)
+            "fast_loop_served": list(self._fast.served()) if self._fast is not None else [0, 0, 0],
             "pending_error": self.pending is not None,
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,

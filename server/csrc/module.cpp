@@ -3,6 +3,7 @@
 #include "native.h"
 
 #include "codec.h"
+#include "fast_loop.h"
 
 #include <ATen/ops/empty.h>
 
@@ -278,6 +279,47 @@ PYBIND11_MODULE(_native, m) {
         return py::make_tuple(stop.item, static_cast<int>(stop.kind), stop.begin, stop.end,
                               stop.kind == Executor::Stop::kError ? error_tuple(stop.error) : py::none());
       });
+
+  // -- a DPDK session's receive loop in C++ (fast_loop.h)
+  py::class_<FastLoop>(m, "FastLoop")
+      .def(py::init([](Executor& executor, const py::tuple& a, const py::tuple& t, bool cpu_device,
+                       size_t small_read, const py::bytes& pong_meta) {
+             const FastLoop::Addresses addresses{a[0].cast<uintptr_t>(), a[1].cast<uintptr_t>(), a[2].cast<uintptr_t>(),
+                                                 a[3].cast<uintptr_t>(), a[4].cast<uintptr_t>(), a[5].cast<uintptr_t>(),
+                                                 a[6].cast<uintptr_t>()};
+             const FastLoop::Types types{t[0].cast<int>(), t[1].cast<int>(), t[2].cast<int>(),
+                                         t[3].cast<int>(), t[4].cast<int>(), t[5].cast<int>()};
+             return new FastLoop(executor, addresses, types, cpu_device, small_read, std::string(pong_meta));
+           }),
+           py::arg("executor"), py::arg("addresses"), py::arg("types"), py::arg("cpu_device"), py::arg("small_read"),
+           py::arg("pong_meta"), py::keep_alive<1, 2>(),
+           "addresses: (conn, wire, head, head_cap, info, recv_msg, send_msg); types: the wire numbers of "
+           "(BATCH, READ, SYNC, DATA, SYNC_OK, PONG).")
+      .def("run", [](FastLoop& f, int64_t timeout_ns, int64_t python_ops, bool pending) -> py::tuple {
+             FastLoop::Result r;
+             {
+               py::gil_scoped_release no_gil;
+               r = f.run(timeout_ns, python_ops, pending);
+             }
+             if (r.code != FastLoop::kStopped) return py::make_tuple(static_cast<int>(r.code), r.value);
+             const auto& s = r.stop;
+             // as Executor.resume returns it, and the batch's meta (Python decodes the item)
+             return py::make_tuple(static_cast<int>(r.code),
+                                   py::make_tuple(s.item, static_cast<int>(s.kind), s.begin, s.end,
+                                                  s.kind == Executor::Stop::kError ? error_tuple(s.error) : py::none()),
+                                   py::bytes(f.batch_meta()));
+           },
+           py::arg("timeout_ns"), py::arg("python_ops"), py::arg("pending"),
+           "(code, value[, batch meta]): 0 yield (served some, none waits), 1 a message for Python "
+           "(value: its bytes in the transport's head), 2 the shim's -errno (value), 3 a Batch stopped "
+           "(value: as Executor.resume).")
+      .def("send_pong", [](FastLoop& f) {
+             py::gil_scoped_release no_gil;
+             return f.send_pong();
+           })
+      .def("busy", &FastLoop::busy)
+      .def("take_batch_ns", &FastLoop::take_batch_ns)
+      .def("served", &FastLoop::served, "Messages served in C++: (batches, reads, syncs).");
 
   // -- a session's per-message fast path (session.py): a READ's fields and its bytes
   // without the Python decoder, a tensor view or ctypes (together about 10 us of a sync's

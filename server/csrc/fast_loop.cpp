@@ -1,0 +1,162 @@
+// The session's receive loop in C++ for DPDK connections: fast_loop.h says what it serves.
+#include "fast_loop.h"
+
+#include "codec.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace remote_accel::server {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A request's meta: a tuple of `n` ints and nothing else (READ: 3, SYNC: 0); false for
+// anything else, which Python's decoder then rejects with its own words.
+bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n) {
+  wire::Reader r(reinterpret_cast<const uint8_t*>(meta), len);
+  try {
+    if (r.peek() != wire::kTuple || r.container(wire::kTuple, "fields") != n) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!r.try_int(out[i])) return false;
+    }
+    return r.at_end();
+  } catch (const wire::Malformed&) {
+    return false;
+  }
+}
+
+} // namespace
+
+FastLoop::FastLoop(Executor& executor, const Addresses& a, const Types& t, bool cpu_device, size_t small_read,
+                   std::string pong_meta)
+    : executor_(executor),
+      conn_(reinterpret_cast<shim_conn*>(a.conn)),
+      wire_(reinterpret_cast<const shim_wire*>(a.wire)),
+      head_(reinterpret_cast<char*>(a.head)),
+      head_cap_(a.head_cap),
+      info_(reinterpret_cast<shim_msg_info*>(a.info)),
+      recv_msg_(reinterpret_cast<RecvMsg>(a.recv_msg)),
+      send_msg_(reinterpret_cast<SendMsg>(a.send_msg)),
+      types_(t),
+      cpu_(cpu_device),
+      small_read_(small_read),
+      pong_meta_(std::move(pong_meta)) {}
+
+FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pending) {
+  Result out;
+  bool served = false;
+  for (;;) {
+    // after serving, only look (timeout 0): Python takes over whenever nothing waits
+    const int64_t n = recv_msg_(conn_, wire_, head_, head_cap_, served ? 0 : timeout_ns, info_);
+    if (n < 0) {
+      if (served && n == -ETIMEDOUT) {
+        out.code = kYield;
+      } else {
+        out.code = kFailed;
+        out.value = n;
+      }
+      return out;
+    }
+    out.code = kMessage;
+    out.value = n;
+    const shim_msg_info& info = *info_;
+    // only whole, well-formed, payload-free messages that came in the head
+    if (info.status != 0 || static_cast<uint64_t>(n) != info.msg_len || info.n_payloads != 0) return out;
+    const char* meta = head_ + info.prologue_len - info.meta_len;
+    int rc = 0;
+    bool done = false;
+    if (info.type == types_.batch) {
+      done = serve_batch(meta, info.meta_len, out);
+      if (!done && out.code == kStopped) return out;
+    } else if (info.type == types_.read) {
+      done = serve_read(meta, info.meta_len, info.req_id, pending, rc);
+    } else if (info.type == types_.sync) {
+      done = serve_sync(meta, info.meta_len, info.req_id, python_ops, pending, rc);
+    }
+    executor_.table().unpin(0);  // its storages may be swapped out again (as session.py after each message)
+    if (rc < 0) {
+      out.code = kFailed;
+      out.value = rc;
+      return out;
+    }
+    if (!done) return out;  // kMessage: Python reads it from the head
+    served = true;
+  }
+}
+
+bool FastLoop::serve_batch(const char* meta, size_t len, Result& out) {
+  try {
+    if (!executor_.scan(std::string(meta, len))) return false;
+  } catch (const wire::Malformed&) {
+    return false;  // Python decodes it and says what is wrong
+  }
+  const int64_t start = now_ns();
+  busy_.store(true, std::memory_order_relaxed);
+  Executor::Stop stop = executor_.resume(0);
+  busy_.store(false, std::memory_order_relaxed);
+  batch_ns_.push_back(now_ns() - start);
+  ++batches_;
+  if (stop.kind == Executor::Stop::kEnd) return true;
+  out.code = kStopped;  // Python runs the item and resumes after it
+  out.stop = std::move(stop);
+  return false;
+}
+
+bool FastLoop::serve_read(const char* meta, size_t len, uint32_t req_id, bool pending, int& rc) {
+  int64_t f[3];  // sid, offset, nbytes
+  if (pending || !cpu_ || !int_fields(meta, len, f, 3)) return false;
+  const int64_t sid = f[0], offset = f[1], nbytes = f[2];
+  if (sid == 0 || offset < 0 || nbytes <= 0 || static_cast<uint64_t>(nbytes) > small_read_) return false;
+  const c10::Storage* storage = nullptr;
+  try {
+    storage = executor_.table().resident(sid);  // pinned until unpin(0)
+  } catch (...) {
+    return false;  // e.g. a swap-in that failed: Python's path raises it again
+  }
+  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
+  reply_meta_.clear();
+  wire::put_tuple_header(reply_meta_, 1);  // Data(nbytes)
+  wire::put_int(reply_meta_, nbytes);
+  rc = send(types_.data, req_id, reply_meta_, static_cast<const char*>(storage->data()) + offset,
+            static_cast<size_t>(nbytes));
+  ++reads_;
+  return true;
+}
+
+bool FastLoop::serve_sync(const char* meta, size_t len, uint32_t req_id, int64_t python_ops, bool pending,
+                          int& rc) {
+  // a CPU device has no stream to wait for; another device's sync (and its asynchronous
+  // errors) is Python's
+  if (pending || !cpu_ || !int_fields(meta, len, nullptr, 0)) return false;
+  reply_meta_.clear();
+  wire::put_tuple_header(reply_meta_, 1);  // SyncOk(ops_done)
+  wire::put_int(reply_meta_, python_ops + executor_.ops_done());
+  rc = send(types_.sync_ok, req_id, reply_meta_, nullptr, 0);
+  ++syncs_;
+  return true;
+}
+
+int FastLoop::send(int type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) {
+  shim_iov iov{const_cast<void*>(payload), nbytes};
+  std::lock_guard<std::mutex> lock(send_mu_);
+  return send_msg_(conn_, wire_, static_cast<uint8_t>(type), 0, req_id, meta.data(),
+                   static_cast<uint32_t>(meta.size()), &iov, payload == nullptr ? 0 : 1);
+}
+
+int FastLoop::send_pong() {
+  return send(types_.pong, 0, pong_meta_, nullptr, 0);
+}
+
+std::vector<int64_t> FastLoop::take_batch_ns() {
+  std::vector<int64_t> taken;
+  taken.swap(batch_ns_);
+  return taken;
+}
+
+} // namespace remote_accel::server
