@@ -225,6 +225,17 @@ class DpdkTransport(Transport):
         if len(messages) == 1:
             msg_type, meta, payloads, req_id = messages[0]
             return self.send(msg_type, meta, payloads, req_id=req_id, flags=flags)
+        if len(messages) == 2 and not flags:  # a sync point's Batch and request: one C call
+            (type1, meta1, payloads1, req1), (type2, meta2, payloads2, req2) = messages
+            if (not payloads1 and not payloads2 and len(meta1) <= self._max_meta and len(meta2) <= self._max_meta
+                    and 0 <= req1 < 1 << 32 and 0 <= req2 < 1 << 32):
+                with self._send_lock:
+                    self._check_open()
+                    rc = lib.shim_conn_send_pair(self._c, self._wire, type1, req1, bytes(meta1), len(meta1),
+                                                 type2, req2, bytes(meta2), len(meta2))
+                if rc < 0:
+                    raise self._fail(rc, "send")
+                return
         for _, meta, payloads, req_id in messages:
             if payloads or len(meta) > self._max_meta:  # (most requests have no payloads)
                 self._limits.check(len(meta), len(payloads), sum(byte_view(p).nbytes for p in payloads))

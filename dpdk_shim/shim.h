@@ -216,5 +216,10 @@ int shim_conn_send_msg(struct shim_conn *c, const struct shim_wire *w, uint8_t t
 		       const struct shim_iov *payloads, int n);
 int64_t shim_conn_recv_msg(struct shim_conn *c, const struct shim_wire *w, void *head, uint64_t cap,
 			   int64_t timeout_ns, struct shim_msg_info *out);
+/* Two payload-free messages (flags 0) in one corked burst: a sync point's Batch and its
+ * request, which wake the peer once. Stops at the first failure. */
+int shim_conn_send_pair(struct shim_conn *c, const struct shim_wire *w, uint8_t type1, uint32_t req_id1,
+			const char *meta1, uint32_t meta_len1, uint8_t type2, uint32_t req_id2,
+			const char *meta2, uint32_t meta_len2);
 
 #endif

@@ -179,6 +179,22 @@ out:
 	return rc;
 }
 
+int
+shim_conn_send_pair(struct shim_conn *c, const struct shim_wire *w, uint8_t type1, uint32_t req_id1,
+		    const char *meta1, uint32_t meta_len1, uint8_t type2, uint32_t req_id2,
+		    const char *meta2, uint32_t meta_len2)
+{
+	int rc = shim_conn_cork(c, 1);
+
+	if (rc != 0)
+		return rc;
+	rc = shim_conn_send_msg(c, w, type1, 0, req_id1, meta1, meta_len1, NULL, 0);
+	if (rc == 0)
+		rc = shim_conn_send_msg(c, w, type2, 0, req_id2, meta2, meta_len2, NULL, 0);
+	shim_conn_cork(c, 0);  /* the burst leaves here */
+	return rc;
+}
+
 int64_t
 shim_conn_recv_msg(struct shim_conn *c, const struct shim_wire *w, void *head, uint64_t cap,
 		   int64_t timeout_ns, struct shim_msg_info *out)

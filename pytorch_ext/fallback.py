@@ -332,6 +332,7 @@ def register() -> None:
     global _installed
     if not _installed:
         _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), MAX_BATCH_ITEMS)
+        _C.install_scalar_read(transfer.read_scalar)
         sparse.register(lambda op, args, kwargs: run_with_reply(op, args, kwargs, _device_index(args, kwargs)))
         _installed = True
 

@@ -201,6 +201,25 @@ def _local_scalar_dense(op, args, kwargs, server: OnServer):
     return complex(value, unpack(data, 4 if size == 8 else 8)[0]) if t.dtype.is_complex else value
 
 
+def read_scalar(t: torch.Tensor):
+    """The element's bytes of a one-element strided remote tensor (one READ), for the C++
+    `.item()` kernel (csrc/op_fallback.cpp), which unpacks them; None for a dtype it does
+    not unpack (it then takes the general path, _local_scalar_dense above)."""
+    if t.dtype not in _READ_SCALAR_DTYPES:
+        return None
+    index = handles.device_index(t)
+    sid = handles.announce(t, index)
+    size = t.element_size()
+    return runtime.session(index).read(sid, t.storage_offset() * size, size)
+
+
+#: what local_scalar_dense in C++ unpacks (AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3 with
+#: Half, Bool and BFloat16)
+_READ_SCALAR_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                 torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
+                                 torch.complex128))
+
+
 #: struct readers of one element, as Tensor.item() returns it (a complex's real part;
 #: its imaginary part follows); dtypes not here take the host-tensor path
 _SCALAR_FORMATS = {dtype: struct.Struct("<" + fmt).unpack_from for dtype, fmt in (

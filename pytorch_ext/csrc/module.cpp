@@ -220,6 +220,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("live_storages", [](int device) { return ra::live_storages(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Number of this device's storages still alive.");
 
+  m.def("install_scalar_read", &ra::install_scalar_read, py::arg("read_scalar"),
+        "Serve .item() through read_scalar(tensor) -> the element's bytes or None (once per process).");
   m.def("install_op_fallback", &ra::install_op_fallback, py::arg("slow_path"), py::arg("flush"),
         py::arg("alloc_type"), py::arg("run_planned_type"), py::arg("max_items"),
         "Install the fallback for every op at PrivateUse1 (once): calls without a cached plan run "

@@ -6,6 +6,8 @@
 #include "op_queue.h"
 #include "op_queue_internal.h"
 
+#include <ATen/Dispatch.h>
+
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -238,11 +240,52 @@ void route_structured_ops_to_fallback(torch::Library& library) {
   }
 }
 
+// `.item()` (_local_scalar_dense): every training step's loss.item() and every generated
+// token's stop check. The element's bytes come from Python's read_scalar (one READ; None
+// where it cannot say), unpacked here as the CPU kernel does; anything else (a sparse or
+// conjugate view, a dtype not listed) takes the fallback's general path. Through the
+// boxed fallback the call cost about 4 us of argument conversion and dispatch in Python.
+py::function* g_read_scalar = nullptr;
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  if (self.numel() == 1 && self.layout() == at::kStrided && !self.is_conj() && !self.is_neg()) {
+    const auto dtype = self.scalar_type();
+    std::optional<at::Scalar> value;
+    {
+      py::gil_scoped_acquire gil;
+      const py::object data = (*g_read_scalar)(self);
+      if (!data.is_none()) {
+        const py::buffer_info bytes = py::buffer(data).request();
+        TORCH_CHECK(bytes.size * bytes.itemsize == static_cast<py::ssize_t>(self.element_size()),
+                    "remote_accel: a scalar read returned ", bytes.size * bytes.itemsize, " bytes, not ",
+                    self.element_size());
+        AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBool, at::kBFloat16, dtype, "item", [&] {
+          scalar_t element;
+          std::memcpy(&element, bytes.ptr, sizeof(element));
+          value = at::Scalar(element);
+        });
+      }
+    }
+    if (value) return *value;
+  }
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_local_scalar_dense", "");
+  torch::jit::Stack stack{self};
+  op_fallback(op, &stack);
+  return stack.back().toScalar();
+}
+
 } // namespace
 
 } // namespace detail
 
 using namespace detail;
+
+void install_scalar_read(py::function read_scalar) {
+  TORCH_CHECK(g_read_scalar == nullptr, "remote_accel: the scalar read is already installed");
+  g_read_scalar = new py::function(std::move(read_scalar));  // leaked, as the fallback's
+  auto* library = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+  library->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
 
 // ---------------------------------------------------------------------------------------
 

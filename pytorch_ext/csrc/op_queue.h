@@ -30,6 +30,10 @@ namespace remote_accel {
 void install_op_fallback(pybind11::function slow_path, pybind11::function flush, int64_t alloc_type,
                          int64_t run_planned_type, int64_t max_items);
 
+// `.item()` of a remote tensor: read_scalar(tensor) -> the element's bytes (one READ), or
+// None for the fallback's general path. Registers the _local_scalar_dense kernel.
+void install_scalar_read(pybind11::function read_scalar);
+
 // A device's queue accepts requests between open (a session started: also forgets every
 // storage the previous server knew) and close (the session ended or died).
 void queue_open(c10::DeviceIndex device);

@@ -36,6 +36,13 @@ def test_item_gives_the_exact_value_and_python_type_of_a_cpu_item(remote, dtype)
     assert dev[-1].item() == cpu[-1].item()  # a storage offset, read right
 
 
+@pytest.mark.parametrize("dtype", (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn), ids=str)
+def test_item_of_dtypes_the_cpp_kernel_leaves_to_the_general_path(remote, dtype):
+    cpu = torch.tensor([3, 7], dtype=torch.int64).to(dtype)
+    got, want = cpu.to("remote_accel")[1].item(), cpu[1].item()
+    assert type(got) is type(want) and got == want
+
+
 def test_item_of_lazily_conjugated_or_negated_scalars(remote):
     z = torch.tensor([1 + 2j], device="remote_accel")
     assert z.conj().item() == 1 - 2j
