@@ -45,6 +45,9 @@ class ServerCollector:
         sessions, totals, listeners = server.snapshot()
         sessions = [s for s in sessions if s.slot >= 0]
         wire = {s: wire_bytes(s.transport) for s in sessions}  # one read of each transport
+        # one read of each session's op count too: its C++ executor counts without the
+        # GIL, and the total must not lag behind the per-client figures of the same scrape
+        ops = {s: s.ops_done for s in sessions}
         device = server.device
 
         info = InfoMetricFamily("remote_accel_server", "The server's version and torch device.")
@@ -59,7 +62,7 @@ class ServerCollector:
         yield CounterMetricFamily("remote_accel_sessions", "Clients admitted since the server started.",
                                   value=totals.sessions + len(sessions))
         yield CounterMetricFamily("remote_accel_ops", "Ops executed (graph nodes included), every client.",
-                                  value=totals.ops + sum(s.ops_done for s in sessions))
+                                  value=totals.ops + sum(ops.values()))
 
         batches, seconds, buckets = totals.batches, totals.batch_seconds, list(totals.batch_buckets)
         errors = dict(totals.errors)
@@ -85,11 +88,11 @@ class ServerCollector:
         peer.add_metric(["sent"], server.peer_copies.bytes_sent)
         peer.add_metric(["received"], server.peer_copies.bytes_received)
         yield peer
-        yield from self._clients(wire)
+        yield from self._clients(wire, ops)
         if server.device_error is None:  # a lost CUDA context may abort on any call
             yield from device_figures(device)
 
-    def _clients(self, wire: dict):
+    def _clients(self, wire: dict, ops_done: dict):
         by_slot = {s.slot: s for s in wire}
         self._slots_seen = max([self._slots_seen] + [slot + 1 for slot in by_slot])
         memory = GaugeMetricFamily("remote_accel_memory_bytes", "Bytes a client holds on the device; 0 for a "
@@ -116,7 +119,7 @@ class ServerCollector:
             label = [str(slot)]
             info.add_metric(label, {"transport": transport_kind(s.transport)})
             start.add_metric(label, s.counters.started)
-            ops.add_metric(label, s.ops_done)
+            ops.add_metric(label, ops_done[s])
             rx, tx = wire[s]
             received.add_metric(label, rx)
             sent.add_metric(label, tx)
