@@ -22,6 +22,7 @@ SYNC_ROWS = (
     ("synchronize() with nothing queued (us)", "sync_empty_us"),
     ("x.sum().item() (us)", "sum_item_us"),
     ("x.sum().item(), after 500 calls (us)", "sum_item_steady_us"),
+    ("x.sum().item() after 5 ms of the user's own work (us)", "sum_item_after_work_us"),
     ("(x + 1).sum().item() (us)", "add_sum_item_us"),
     ("s.item() of a computed scalar (us)", "scalar_item_us"),
     ("x.cpu(), 16 floats (us)", "cpu16_us"),
@@ -30,6 +31,21 @@ SYNC_ROWS = (
 
 def _median_us(fn, n: int = SYNC_REPEATS, warmup: int = 5) -> float:
     return median_seconds(fn, n, warmup=warmup) * 1e6
+
+
+def _after_work_us(fn, work_s: float = 0.005, n: int = 100) -> float:
+    """Median microseconds of fn() right after `work_s` of the user's own CPU work (a
+    training step's host side before its loss.item()): both ends have waited idle
+    meanwhile, so this is the wake-up path, not the back-to-back one."""
+    times = []
+    for _ in range(n):
+        end = time.perf_counter() + work_s
+        while time.perf_counter() < end:
+            pass
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
 
 
 def sync_latencies() -> dict:
@@ -44,6 +60,7 @@ def sync_latencies() -> dict:
         # few hundred after a pause of seconds take 2-4x longer (about 20 ms in all; the
         # cause is not established), which the row above, 300 calls after 5, includes
         "sum_item_steady_us": _median_us(lambda: x.sum().item(), warmup=500),
+        "sum_item_after_work_us": _after_work_us(lambda: x.sum().item()),
         "add_sum_item_us": _median_us(lambda: (x + 1).sum().item()),
         "scalar_item_us": _median_us(s.item),
         "cpu16_us": _median_us(x.cpu),
