@@ -386,7 +386,7 @@ class Session:
                 self.counters["round_trips"] += 1
                 reply = self._wait(req_id, sink, deadline, sigint)
             if reply.type == MsgType.DATA and reply_cls is m.Data and len(reply.payloads) == 1:
-                decoded = reply  # its meta only repeats the payload's length, which the sink checked
+                decoded = reply  # its meta only repeats the payload's length: nothing to decode
             else:
                 decoded = m.decode(reply.type, reply.meta)
                 if isinstance(decoded, m.ErrorReply):
