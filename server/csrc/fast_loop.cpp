@@ -16,8 +16,8 @@ int64_t now_ns() {
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// A request's meta: a tuple of `n` ints and nothing else (READ: 3, SYNC: 0); false for
-// anything else, which Python's decoder then rejects with its own words.
+} // namespace
+
 bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n) {
   wire::Reader r(reinterpret_cast<const uint8_t*>(meta), len);
   try {
@@ -31,7 +31,20 @@ bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n) {
   }
 }
 
-} // namespace
+bool small_read(Executor& executor, int64_t sid, int64_t offset, int64_t nbytes, const char** bytes) {
+  if (executor.table().device().type() != c10::DeviceType::CPU || sid == 0 || offset < 0 || nbytes < 0) {
+    return false;
+  }
+  const c10::Storage* storage = nullptr;
+  try {
+    storage = executor.table().resident(sid);
+  } catch (...) {
+    return false;  // e.g. a swap-in that failed: Python's path raises it again
+  }
+  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
+  *bytes = static_cast<const char*>(storage->data()) + offset;
+  return true;
+}
 
 FastLoop::FastLoop(Executor& executor, const Addresses& a, const Types& t, bool cpu_device, size_t small_read,
                    std::string pong_meta)
@@ -111,20 +124,14 @@ bool FastLoop::serve_batch(const char* meta, size_t len, Result& out) {
 bool FastLoop::serve_read(const char* meta, size_t len, uint32_t req_id, bool pending, int& rc) {
   int64_t f[3];  // sid, offset, nbytes
   if (pending || !cpu_ || !int_fields(meta, len, f, 3)) return false;
-  const int64_t sid = f[0], offset = f[1], nbytes = f[2];
-  if (sid == 0 || offset < 0 || nbytes <= 0 || static_cast<uint64_t>(nbytes) > small_read_) return false;
-  const c10::Storage* storage = nullptr;
-  try {
-    storage = executor_.table().resident(sid);  // pinned until unpin(0)
-  } catch (...) {
-    return false;  // e.g. a swap-in that failed: Python's path raises it again
-  }
-  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
+  const int64_t nbytes = f[2];
+  if (nbytes <= 0 || static_cast<uint64_t>(nbytes) > small_read_) return false;
+  const char* bytes = nullptr;
+  if (!small_read(executor_, f[0], f[1], nbytes, &bytes)) return false;  // pinned until unpin(0)
   reply_meta_.clear();
   wire::put_tuple_header(reply_meta_, 1);  // Data(nbytes)
   wire::put_int(reply_meta_, nbytes);
-  rc = send(types_.data, req_id, reply_meta_, static_cast<const char*>(storage->data()) + offset,
-            static_cast<size_t>(nbytes));
+  rc = send(types_.data, req_id, reply_meta_, bytes, static_cast<size_t>(nbytes));
   ++reads_;
   return true;
 }

@@ -29,6 +29,15 @@ extern "C" {
 
 namespace remote_accel::server {
 
+// A request's meta that is a tuple of `n` ints and nothing else (READ: 3, SYNC: 0), read
+// into out[0..n); false for anything else, which Python's decoder rejects in its words.
+bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n);
+
+// Where bytes [offset, offset + nbytes) of a CPU server's storage `sid` lie (*bytes),
+// pinned until unpin(); false for anything else (a device storage, no such storage, a bad
+// range, a swap-in that failed): Python's path then says what is wrong.
+bool small_read(Executor& executor, int64_t sid, int64_t offset, int64_t nbytes, const char** bytes);
+
 class FastLoop {
  public:
   struct Addresses {  // the transport's C objects and the shim's functions (cffi addresses)

@@ -328,29 +328,16 @@ PYBIND11_MODULE(_native, m) {
     char* data = nullptr;
     Py_ssize_t n = 0;
     if (PyBytes_AsStringAndSize(meta.ptr(), &data, &n) != 0) throw py::error_already_set();
-    namespace wire = remote_accel::wire;
-    wire::Reader r(reinterpret_cast<const uint8_t*>(data), static_cast<size_t>(n));
-    int64_t sid = 0, offset = 0, nbytes = 0;
-    try {
-      if (r.peek() != wire::kTuple || r.container(wire::kTuple, "fields") != 3 || !r.try_int(sid) ||
-          !r.try_int(offset) || !r.try_int(nbytes) || !r.at_end()) {
-        return py::none();
-      }
-    } catch (const wire::Malformed&) {
-      return py::none();
-    }
-    return py::make_tuple(sid, offset, nbytes);
+    int64_t fields[3];  // sid, offset, nbytes
+    if (!int_fields(data, static_cast<size_t>(n), fields, 3)) return py::none();
+    return py::make_tuple(fields[0], fields[1], fields[2]);
   });
   // A copy of bytes [offset, offset + nbytes) of a CPU server's storage (a scalar for
   // `.item()`), pinned until unpin() as with get(); None for anything else (no such
   // storage, a bad range, a device storage): Python's path says what is wrong.
   m.def("read_small", [](Executor& s, int64_t sid, int64_t offset, int64_t nbytes) -> py::object {
-    if (s.table().device().type() != c10::DeviceType::CPU || sid == 0 || offset < 0 || nbytes < 0) {
-      return py::none();
-    }
-    const c10::Storage* storage = s.table().resident(sid);
-    if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return py::none();
-    if (nbytes == 0) return py::bytes();
-    return py::bytes(static_cast<const char*>(storage->data()) + offset, static_cast<size_t>(nbytes));
+    const char* bytes = nullptr;
+    if (!small_read(s, sid, offset, nbytes, &bytes)) return py::none();
+    return nbytes == 0 ? py::bytes() : py::bytes(bytes, static_cast<size_t>(nbytes));
   });
 }
