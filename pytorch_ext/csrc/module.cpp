@@ -245,8 +245,6 @@ PYBIND11_MODULE(_C, m) {
           return ra::announce_output(t, static_cast<c10::DeviceIndex>(device));
         }, py::arg("tensor"), py::arg("device_index"),
         "Storage id of a fresh result, which the server creates when it binds it.");
-  m.def("take_freed", [](int device) { return ra::take_freed(static_cast<c10::DeviceIndex>(device)); },
-        py::arg("device_index"), "Ids of freed storages the server knows about, oldest first.");
 
   // compiled graph calls (graph_call.h)
   m.def("graph_inputs", &ra::graph_inputs, py::arg("inputs"), py::arg("device_index"), py::arg("other"),
