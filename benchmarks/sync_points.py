@@ -7,6 +7,7 @@ idle client costs the user's own CPU work in the same process.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 
@@ -100,26 +101,32 @@ def _tiny_gpt2():
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def _generate(model, device: str, tokens: int) -> tuple[float, list]:
+def _generate_once(model, device: str, tokens: int) -> tuple[float, list]:
     ids = torch.arange(1, 9).unsqueeze(0).to(device)
     kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        model.generate(ids, **kwargs)  # warm: plans, meta shapes, server-side caches
-        times, out = [], None
-        for _ in range(3):
-            start = time.perf_counter()
-            out = model.generate(ids, **kwargs)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), out[0].tolist()
+        start = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        return time.perf_counter() - start, out[0].tolist()
 
 
-def generate_ratio(tokens: int = 16) -> dict:
-    """Greedy generation remote and on CPU: ms each, and whether the tokens agree.
+def generate_ratio(tokens: int = 16, rounds: int = 5) -> dict:
+    """Greedy generation remote and on CPU: ms each (medians), and whether the tokens
+    agree. The two alternate, call by call: on a small shared host the CPU's own time
+    moves by 2x between runs, and alternating puts both under the same load.
     Empty when transformers is not installed."""
     model = _tiny_gpt2()
     if model is None:
         return {}
-    local, local_tokens = _generate(model, "cpu", tokens)
-    remote, remote_tokens = _generate(model.to("remote_accel"), "remote_accel", tokens)
+    remote_model = copy.deepcopy(model).to("remote_accel")
+    _generate_once(model, "cpu", tokens)  # warm: plans, meta shapes, server-side caches
+    _generate_once(remote_model, "remote_accel", tokens)
+    local_times, remote_times = [], []
+    for _ in range(rounds):
+        seconds, local_tokens = _generate_once(model, "cpu", tokens)
+        local_times.append(seconds)
+        seconds, remote_tokens = _generate_once(remote_model, "remote_accel", tokens)
+        remote_times.append(seconds)
+    local, remote = statistics.median(local_times), statistics.median(remote_times)
     return {"gen_local_ms": local * 1e3, "gen_remote_ms": remote * 1e3,
             "gen_tokens_equal": local_tokens == remote_tokens}

@@ -17,6 +17,9 @@ import threading
 import time
 from typing import Optional, Sequence
 
+import numpy as np
+
+from .._version import WIRE_VERSION
 from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
 from .tcp_poll import PollWindow, poll_us_from_env
@@ -165,6 +168,63 @@ class TcpTransport(Transport):
         self._counters["rx_messages"] += 1
         self._counters["rx_bytes"] += wire.HEADER_SIZE + header.rest_len + header.payload_total
         return Message(header.type, meta, buffers, header.req_id, header.flags)
+
+    # -- a server session's receive loop in C++ (server/csrc/tcp_link.h) -----------------
+    def native_socket(self) -> tuple:
+        """(fd, read-ahead buffer address, its capacity, poll window ns, stall timeout ns,
+        (magic0, magic1, version, max_meta, max_payloads, max_payload_total)) for a server
+        session's C++ loop. It reads through this transport's own read-ahead buffer (which
+        never moves: this view pins it), so recv() takes over any message it leaves; the
+        session hands the buffer's state over with read_ahead() and set_read_ahead()."""
+        self._ahead_pin = memoryview(self._ahead)
+        address = np.frombuffer(self._ahead_pin, np.uint8).ctypes.data
+        limits = self._limits
+        stall_ns = int((self._stall if self._stall is not None else DEFAULT_STALL_TIMEOUT_S) * 1e9)
+        return (self._sock.fileno(), address, len(self._ahead), self._window.max_ns, stall_ns,
+                (wire.MAGIC[0], wire.MAGIC[1], WIRE_VERSION, limits.max_meta, limits.max_payloads,
+                 limits.max_payload_total))
+
+    def read_ahead(self) -> tuple[int, int]:
+        """The read-ahead buffer's unread bytes: [head, tail)."""
+        return self._head, self._tail
+
+    def set_read_ahead(self, head: int, tail: int) -> None:
+        """What the C++ loop left unread in the read-ahead buffer."""
+        self._head, self._tail = head, tail
+
+    def add_native_counts(self, rx_messages: int, rx_bytes: int, tx_messages: int, tx_bytes: int) -> None:
+        """Count the messages the C++ loop received and sent on this socket."""
+        c = self._counters
+        c["rx_messages"] += rx_messages
+        c["rx_bytes"] += rx_bytes
+        c["tx_messages"] += tx_messages
+        c["tx_bytes"] += tx_bytes
+
+    def finish_recv(self, n: int, sink: Optional[PayloadSink] = None) -> Message:
+        """recv() of a message the C++ loop left in the read-ahead buffer (its first `n`
+        bytes, at least, are there)."""
+        self._heard = True
+        return self.recv(sink=sink)
+
+    def send_locked(self, send_fn) -> None:
+        """Run `send_fn()`, a C call that sends one message on this socket and returns 0
+        or a -errno (the C++ loop's heartbeat), under the lock Python's sends hold: messages
+        never interleave. Raises as send."""
+        with self._send_lock:
+            self._check_open()
+            rc = send_fn()
+        if rc < 0:
+            raise self._broken(f"send to {self.peer} failed: {os.strerror(-rc)}")
+
+    def recv_error(self, rc: int) -> Exception:
+        """The exception recv() raises for the C++ loop's -errno `rc`."""
+        if rc == -errno.ETIMEDOUT:
+            self._check_open()
+            self._heard = False
+            return TransportTimeout(f"no message from {self.peer} in time")
+        if rc == -errno.ECONNRESET:
+            return self._broken(f"receive from {self.peer} failed: connection closed by peer")
+        return self._broken(f"receive from {self.peer} failed: {os.strerror(-rc)}")
 
     # -- helpers -----------------------------------------------------------------------
     def _prologue(self) -> tuple:

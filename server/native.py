@@ -46,6 +46,8 @@ _native.set_error_factory(to_exception)
 
 Executor = _native.Executor
 FastLoop = _native.FastLoop
+DpdkLink = _native.DpdkLink
+TcpLink = _native.TcpLink
 Pool = _native.Pool
 lock_default_generator = _native.lock_default_generator
 unlock_default_generator = _native.unlock_default_generator

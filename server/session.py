@@ -80,7 +80,8 @@ class Session(Receiving):
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
-        self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop, DPDK only
+        self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
+        self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP connection
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
@@ -158,13 +159,22 @@ class Session(Receiving):
                 return "goodbye"
 
     def _fast_loop(self) -> Optional["native.FastLoop"]:
-        """The C++ receive loop (csrc/fast_loop.h) for a DPDK connection; None for other
-        transports, or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message through Python)."""
-        addresses = getattr(self.transport, "native_addresses", None)
-        if addresses is None or os.environ.get("REMOTE_ACCEL_SERVER_FAST_LOOP", "1") == "0":
+        """The C++ receive loop (csrc/fast_loop.h) for a DPDK or plain TCP connection; None
+        for other transports (TLS), or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message
+        through Python)."""
+        if os.environ.get("REMOTE_ACCEL_SERVER_FAST_LOOP", "1") == "0":
+            return None
+        dpdk = getattr(self.transport, "native_addresses", None)
+        tcp = getattr(self.transport, "native_socket", None)
+        if dpdk is not None:
+            link = native.DpdkLink(dpdk())
+        elif tcp is not None:
+            fd, buffer, capacity, poll_ns, stall_ns, wire_params = tcp()
+            link = self._tcp_link = native.TcpLink(fd, buffer, capacity, wire_params, poll_ns, stall_ns)
+        else:
             return None
         types = (MsgType.BATCH, MsgType.READ, MsgType.SYNC, MsgType.DATA, MsgType.SYNC_OK, MsgType.PONG)
-        loop = native.FastLoop(self.executor.native, addresses(), tuple(map(int, types)), not self.device.accelerator,
+        loop = native.FastLoop(self.executor.native, link, tuple(map(int, types)), not self.device.accelerator,
                                SMALL_READ, _PONG_META)
         self.heartbeat.native_busy = loop.busy
         self.heartbeat.send_pong = functools.partial(self.transport.send_locked, loop.send_pong)
@@ -175,7 +185,13 @@ class Session(Receiving):
         """transport.recv through the C++ loop: the next message Python must dispatch, or
         None when the loop served all that came (or ran a Batch on until an item Python
         runs, which ran here). Raises as recv."""
+        tcp = self._tcp_link
+        if tcp is not None:  # the loop reads on where Python's recv stopped, and the reverse
+            tcp.set_read_ahead(*self.transport.read_ahead())
         result = fast.run(int(timeout * 1e9), self.executor.python_ops, self.pending is not None)
+        if tcp is not None:
+            self.transport.set_read_ahead(*tcp.read_ahead())
+            self.transport.add_native_counts(*tcp.take_counts())
         for ns in fast.take_batch_ns():
             self.busy_ns += ns
             self.counters.batch(ns * 1e-9)
@@ -208,6 +224,8 @@ class Session(Receiving):
         if self.executor is not None:
             self.executor.clear()
         self.transport.close()
+        if self._tcp_link is not None:
+            self._tcp_link.close()
         self.server.remove(self)
         if self.admitted:
             log.info("client disconnected: session %d, %s (%s): %s; freed %d storages, %d bytes, after %d ops",

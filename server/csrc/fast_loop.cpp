@@ -1,4 +1,4 @@
-// The session's receive loop in C++ for DPDK connections: fast_loop.h says what it serves.
+// The session's receive loop in C++ (DPDK and TCP links): fast_loop.h says what it serves.
 #include "fast_loop.h"
 
 #include "codec.h"
@@ -46,16 +46,32 @@ bool small_read(Executor& executor, int64_t sid, int64_t offset, int64_t nbytes,
   return true;
 }
 
-FastLoop::FastLoop(Executor& executor, const Addresses& a, const Types& t, bool cpu_device, size_t small_read,
-                   std::string pong_meta)
-    : executor_(executor),
-      conn_(reinterpret_cast<shim_conn*>(a.conn)),
+DpdkLink::DpdkLink(const Addresses& a)
+    : conn_(reinterpret_cast<shim_conn*>(a.conn)),
       wire_(reinterpret_cast<const shim_wire*>(a.wire)),
       head_(reinterpret_cast<char*>(a.head)),
       head_cap_(a.head_cap),
       info_(reinterpret_cast<shim_msg_info*>(a.info)),
       recv_msg_(reinterpret_cast<RecvMsg>(a.recv_msg)),
-      send_msg_(reinterpret_cast<SendMsg>(a.send_msg)),
+      send_msg_(reinterpret_cast<SendMsg>(a.send_msg)) {}
+
+int64_t DpdkLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* info) {
+  const int64_t n = recv_msg_(conn_, wire_, head_, head_cap_, timeout_ns, info_);
+  *bytes = head_;
+  if (n >= 0) *info = *info_;
+  return n;
+}
+
+int DpdkLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) {
+  shim_iov iov{const_cast<void*>(payload), nbytes};
+  return send_msg_(conn_, wire_, type, 0, req_id, meta.data(), static_cast<uint32_t>(meta.size()), &iov,
+                   payload == nullptr ? 0 : 1);
+}
+
+FastLoop::FastLoop(Executor& executor, Link& link, const Types& t, bool cpu_device, size_t small_read,
+                   std::string pong_meta)
+    : executor_(executor),
+      link_(link),
       types_(t),
       cpu_(cpu_device),
       small_read_(small_read),
@@ -66,7 +82,8 @@ FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pend
   bool served = false;
   for (;;) {
     // after serving, only look (timeout 0): Python takes over whenever nothing waits
-    const int64_t n = recv_msg_(conn_, wire_, head_, head_cap_, served ? 0 : timeout_ns, info_);
+    const char* bytes = nullptr;
+    const int64_t n = link_.next(served ? 0 : timeout_ns, &bytes, &info_);
     if (n < 0) {
       if (served && n == -ETIMEDOUT) {
         out.code = kYield;
@@ -78,15 +95,18 @@ FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pend
     }
     out.code = kMessage;
     out.value = n;
-    const shim_msg_info& info = *info_;
-    // only whole, well-formed, payload-free messages that came in the head
+    const shim_msg_info& info = info_;
+    // only whole, well-formed, payload-free messages that the link holds whole
     if (info.status != 0 || static_cast<uint64_t>(n) != info.msg_len || info.n_payloads != 0) return out;
-    const char* meta = head_ + info.prologue_len - info.meta_len;
+    const char* meta = bytes + info.prologue_len - info.meta_len;
     int rc = 0;
     bool done = false;
     if (info.type == types_.batch) {
       done = serve_batch(meta, info.meta_len, out);
-      if (!done && out.code == kStopped) return out;
+      if (!done && out.code == kStopped) {
+        link_.consumed();  // the executor holds the batch now: Python resumes it, not the message
+        return out;
+      }
     } else if (info.type == types_.read) {
       done = serve_read(meta, info.meta_len, info.req_id, pending, rc);
     } else if (info.type == types_.sync) {
@@ -98,7 +118,8 @@ FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pend
       out.value = rc;
       return out;
     }
-    if (!done) return out;  // kMessage: Python reads it from the head
+    if (!done) return out;  // kMessage: Python reads it from the link's buffer
+    link_.consumed();
     served = true;
   }
 }
@@ -150,10 +171,8 @@ bool FastLoop::serve_sync(const char* meta, size_t len, uint32_t req_id, int64_t
 }
 
 int FastLoop::send(int type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) {
-  shim_iov iov{const_cast<void*>(payload), nbytes};
   std::lock_guard<std::mutex> lock(send_mu_);
-  return send_msg_(conn_, wire_, static_cast<uint8_t>(type), 0, req_id, meta.data(),
-                   static_cast<uint32_t>(meta.size()), &iov, payload == nullptr ? 0 : 1);
+  return link_.send(static_cast<uint8_t>(type), req_id, meta, payload, nbytes);
 }
 
 int FastLoop::send_pong() {

@@ -1,13 +1,13 @@
-// A session's receive loop in C++, for DPDK connections (issue #20: a sync point's server
-// time was Python on every message: the transport's recv wrapper, the dispatch, the
+// A session's receive loop in C++, for DPDK and TCP connections (issue #20: a sync point's
+// server time was Python on every message: the transport's recv wrapper, the dispatch, the
 // executor's resume call, the reply's send wrapper, about 7 us each).
 //
-// The loop takes messages off the connection with the shim's own recv and serves the
-// common ones without the GIL: a Batch the executor scans whole and runs to its end, a
+// The loop takes messages off the connection through a Link (the shim's own recv for
+// DPDK, tcp_link.h for a TCP socket) and serves the common ones without the GIL: a Batch the executor scans whole and runs to its end, a
 // small READ of a CPU server (its bytes sent straight out of the storage), a SYNC of a
 // CPU server without a pending error. Everything else goes back to Python (session.py)
-// as it came: a message whose head lies in the transport's own head buffer (Python's
-// DpdkTransport.finish_recv reads the rest), or a Batch stopped at an item Python must
+// as it came: a message whose head lies in the transport's own buffer (Python's
+// finish_recv reads the rest), or a Batch stopped at an item Python must
 // run or that failed (Python resumes it). Semantics are Python's: same replies, same
 // order, same errors; only who runs them changes.
 //
@@ -38,11 +38,46 @@ bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n);
 // range, a swap-in that failed): Python's path then says what is wrong.
 bool small_read(Executor& executor, int64_t sid, int64_t offset, int64_t nbytes, const char** bytes);
 
-class FastLoop {
+// Where the loop's messages come from and its replies go: one connection.
+class Link {
+ public:
+  virtual ~Link() = default;
+  // The next message: >= 0, its first bytes at *bytes (all of it when info->msg_len equals
+  // the return value) and what its prologue says in *info (status 0: checked valid); or
+  // -errno (-ETIMEDOUT: nothing came within timeout_ns, 0: only look). A message the loop
+  // does not serve is left to Python's finish_recv.
+  virtual int64_t next(int64_t timeout_ns, const char** bytes, shim_msg_info* info) = 0;
+  // The message next() gave was served here: the link may drop its bytes.
+  virtual void consumed() {}
+  // One message (at most one payload); 0 or -errno. Callers serialise sends.
+  virtual int send(uint8_t type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) = 0;
+};
+
+// A DPDK connection: the shim's functions through the addresses cffi gives.
+class DpdkLink : public Link {
  public:
   struct Addresses {  // the transport's C objects and the shim's functions (cffi addresses)
     uintptr_t conn, wire, head, head_cap, info, recv_msg, send_msg;
   };
+  explicit DpdkLink(const Addresses& a);
+  int64_t next(int64_t timeout_ns, const char** bytes, shim_msg_info* info) override;
+  int send(uint8_t type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) override;
+
+ private:
+  using RecvMsg = int64_t (*)(shim_conn*, const shim_wire*, void*, uint64_t, int64_t, shim_msg_info*);
+  using SendMsg = int (*)(shim_conn*, const shim_wire*, uint8_t, uint16_t, uint32_t, const char*, uint32_t,
+                          const shim_iov*, int);
+  shim_conn* conn_;
+  const shim_wire* wire_;
+  char* head_;
+  uint64_t head_cap_;
+  shim_msg_info* info_;  // the transport's own: its finish_recv reads it
+  RecvMsg recv_msg_;
+  SendMsg send_msg_;
+};
+
+class FastLoop {
+ public:
   struct Types {  // the wire's message type numbers (dataplane/wire.py)
     int batch, read, sync, data, sync_ok, pong;
   };
@@ -50,11 +85,12 @@ class FastLoop {
   enum Code : int { kYield = 0, kMessage = 1, kFailed = 2, kStopped = 3 };
   struct Result {
     Code code = kYield;
-    int64_t value = 0;  // kMessage: bytes of the message in the head; kFailed: the shim's -errno
+    int64_t value = 0;  // kMessage: bytes of the message the link holds; kFailed: -errno
     Executor::Stop stop;  // kStopped
   };
 
-  FastLoop(Executor& executor, const Addresses& a, const Types& t, bool cpu_device, size_t small_read,
+  // `link` outlives the loop (the Python object holding both keeps it alive).
+  FastLoop(Executor& executor, Link& link, const Types& t, bool cpu_device, size_t small_read,
            std::string pong_meta);
 
   // Serves messages until one needs Python, the connection fails, `timeout_ns` pass
@@ -75,10 +111,6 @@ class FastLoop {
   std::tuple<int64_t, int64_t, int64_t> served() const { return {batches_, reads_, syncs_}; }
 
  private:
-  using RecvMsg = int64_t (*)(shim_conn*, const shim_wire*, void*, uint64_t, int64_t, shim_msg_info*);
-  using SendMsg = int (*)(shim_conn*, const shim_wire*, uint8_t, uint16_t, uint32_t, const char*, uint32_t,
-                          const shim_iov*, int);
-
   // Each returns true when it served the message, false when Python must (untouched).
   bool serve_batch(const char* meta, size_t len, Result& out);
   bool serve_read(const char* meta, size_t len, uint32_t req_id, bool pending, int& rc);
@@ -86,13 +118,8 @@ class FastLoop {
   int send(int type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes);
 
   Executor& executor_;
-  shim_conn* conn_;
-  const shim_wire* wire_;
-  char* head_;
-  uint64_t head_cap_;
-  shim_msg_info* info_;
-  RecvMsg recv_msg_;
-  SendMsg send_msg_;
+  Link& link_;
+  shim_msg_info info_{};
   Types types_;
   bool cpu_;
   size_t small_read_;

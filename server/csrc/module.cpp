@@ -4,12 +4,14 @@
 
 #include "codec.h"
 #include "fast_loop.h"
+#include "tcp_link.h"
 
 #include <ATen/ops/empty.h>
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace py = pybind11;
@@ -280,21 +282,62 @@ PYBIND11_MODULE(_native, m) {
                               stop.kind == Executor::Stop::kError ? error_tuple(stop.error) : py::none());
       });
 
-  // -- a DPDK session's receive loop in C++ (fast_loop.h)
+  // -- a session's receive loop in C++ (fast_loop.h) and its connection (a Link)
+  py::class_<Link>(m, "Link");
+  py::class_<DpdkLink, Link>(m, "DpdkLink")
+      .def(py::init([](const py::tuple& a) {
+             return new DpdkLink(DpdkLink::Addresses{a[0].cast<uintptr_t>(), a[1].cast<uintptr_t>(),
+                                                     a[2].cast<uintptr_t>(), a[3].cast<uintptr_t>(),
+                                                     a[4].cast<uintptr_t>(), a[5].cast<uintptr_t>(),
+                                                     a[6].cast<uintptr_t>()});
+           }),
+           py::arg("addresses"),
+           "addresses: (conn, wire, head, head_cap, info, recv_msg, send_msg), DpdkTransport.native_addresses().");
+  py::class_<TcpLink, Link>(m, "TcpLink")
+      .def(py::init([](int fd, uintptr_t buffer, size_t capacity, const py::tuple& w, int64_t poll_ns,
+                       int64_t stall_ns) {
+             const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
+                                   w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
+             return new TcpLink(fd, buffer, capacity, wire, poll_ns, stall_ns);
+           }),
+           py::arg("fd"), py::arg("buffer"), py::arg("capacity"), py::arg("wire"), py::arg("poll_ns"),
+           py::arg("stall_ns"),
+           "TcpTransport.native_socket()'s socket and read-ahead buffer; wire: (magic0, magic1, version, "
+           "max_meta, max_payloads, max_payload_total).")
+      .def("set_read_ahead", &TcpLink::set_read_ahead, py::arg("head"), py::arg("tail"))
+      .def("read_ahead", &TcpLink::read_ahead)
+      .def("take_counts", &TcpLink::take_counts,
+           "(rx messages, rx bytes, tx messages, tx bytes) since the last call, for the transport's counters.")
+      .def("close", &TcpLink::close, "Closes the link's socket (a dup of the transport's).");
+  m.def("wire_encode", [](const py::tuple& w, int type, uint32_t req_id, const py::bytes& meta,
+                          std::optional<uint64_t> payload_len) {
+    const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
+                          w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
+    const std::string m = meta;
+    std::string out(kWireHeader + 8 + m.size(), '\0');
+    const size_t n = wire_encode(wire, reinterpret_cast<uint8_t*>(out.data()), static_cast<uint8_t>(type), req_id, m,
+                                 payload_len ? &*payload_len : nullptr);
+    out.resize(n);
+    return py::bytes(out);
+  }, "A prologue as TcpLink sends it (tests compare it with wire.encode_prologue).");
+  m.def("wire_check", [](const py::tuple& w, const py::bytes& data) {
+    const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
+                          w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
+    const std::string d = data;
+    shim_msg_info info;
+    wire_check(wire, reinterpret_cast<const uint8_t*>(d.data()), d.size(), &info);
+    return py::make_tuple(info.status, info.type, info.req_id, info.meta_len, info.msg_len);
+  }, "(status, type, req_id, meta_len, msg_len) of a prologue as TcpLink checks it (0: valid).");
   py::class_<FastLoop>(m, "FastLoop")
-      .def(py::init([](Executor& executor, const py::tuple& a, const py::tuple& t, bool cpu_device,
-                       size_t small_read, const py::bytes& pong_meta) {
-             const FastLoop::Addresses addresses{a[0].cast<uintptr_t>(), a[1].cast<uintptr_t>(), a[2].cast<uintptr_t>(),
-                                                 a[3].cast<uintptr_t>(), a[4].cast<uintptr_t>(), a[5].cast<uintptr_t>(),
-                                                 a[6].cast<uintptr_t>()};
+      .def(py::init([](Executor& executor, Link& link, const py::tuple& t, bool cpu_device, size_t small_read,
+                       const py::bytes& pong_meta) {
              const FastLoop::Types types{t[0].cast<int>(), t[1].cast<int>(), t[2].cast<int>(),
                                          t[3].cast<int>(), t[4].cast<int>(), t[5].cast<int>()};
-             return new FastLoop(executor, addresses, types, cpu_device, small_read, std::string(pong_meta));
+             return new FastLoop(executor, link, types, cpu_device, small_read, std::string(pong_meta));
            }),
-           py::arg("executor"), py::arg("addresses"), py::arg("types"), py::arg("cpu_device"), py::arg("small_read"),
-           py::arg("pong_meta"), py::keep_alive<1, 2>(),
-           "addresses: (conn, wire, head, head_cap, info, recv_msg, send_msg); types: the wire numbers of "
-           "(BATCH, READ, SYNC, DATA, SYNC_OK, PONG).")
+           py::arg("executor"), py::arg("link"), py::arg("types"), py::arg("cpu_device"), py::arg("small_read"),
+           py::arg("pong_meta"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>(),
+           "link: a DpdkLink or TcpLink; types: the wire numbers of (BATCH, READ, SYNC, DATA, SYNC_OK, PONG).")
       .def("run", [](FastLoop& f, int64_t timeout_ns, int64_t python_ops, bool pending) -> py::tuple {
              FastLoop::Result r;
              {
@@ -311,7 +354,7 @@ PYBIND11_MODULE(_native, m) {
            },
            py::arg("timeout_ns"), py::arg("python_ops"), py::arg("pending"),
            "(code, value[, batch meta]): 0 yield (served some, none waits), 1 a message for Python "
-           "(value: its bytes in the transport's head), 2 the shim's -errno (value), 3 a Batch stopped "
+           "(value: its bytes the link holds), 2 a -errno (value), 3 a Batch stopped "
            "(value: as Executor.resume).")
       .def("send_pong", [](FastLoop& f) {
              py::gil_scoped_release no_gil;

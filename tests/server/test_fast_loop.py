@@ -1,0 +1,204 @@
+"""The session's receive loop in C++ (server/csrc/fast_loop.h), over DPDK (memif) and over
+TCP (tcp_link.h): a real client, the same results with the loop and without it
+(REMOTE_ACCEL_SERVER_FAST_LOOP=0), messages it leaves to Python (large writes and reads)
+between those it serves, errors of ops it ran reported at the next sync point as Python
+reports them, and heartbeats while it runs a long batch. One client process per test
+(one EAL per process); and the TCP link's prologues against wire.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from remote_accel._version import WIRE_VERSION
+from remote_accel.dataplane import messages as m
+from remote_accel.dataplane import wire
+from remote_accel.dataplane.wire import MsgType
+from remote_accel.errors import MessageTooLarge, ProtocolError
+from remote_accel.server import _native
+from remote_accel.server.testing import ServerProcess
+
+try:
+    from remote_accel.dataplane import dpdk  # noqa: F401
+    DPDK_MISSING = ""
+except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
+    DPDK_MISSING = f"DPDK transport unavailable: {exc}"
+
+TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk,
+                                                 pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)])]
+
+CLIENT_TIMEOUT_S = 240  # EAL start-up is a few seconds; a loaded 2-core machine is slow
+
+PRELUDE = textwrap.dedent("""
+    import json, sys, torch
+    import remote_accel
+    from remote_accel.pytorch_ext import runtime
+    if sys.argv[3] == "dpdk":
+        remote_accel.init(transport="dpdk", port=0, token=sys.argv[1])
+    else:
+        remote_accel.init(transport="tcp", server=sys.argv[4], token=sys.argv[1])
+    runtime.session(0).timeout = float(sys.argv[2])  # silence a sync accepts (connecting keeps the default)
+    served = lambda: runtime.session(0).stats()["fast_loop_served"]
+""")
+
+# Planned ops (their second call on is served from C++ plans: Batches of RunPlanned),
+# scalars read with .item(), small tensors with .cpu(), and synchronize(): what a
+# training step's sync points send. Prints what it read, and what the loop served.
+WORK = PRELUDE + textwrap.dedent("""
+    torch.manual_seed(0)
+    x = torch.randn(64)
+    w = torch.randn(64, 64)
+    rx, rw = x.to("remote_accel"), w.to("remote_accel")
+    items, rows = [], []
+    for step in range(40):
+        x = torch.tanh(w @ x + 0.5)
+        rx = torch.tanh(rw @ rx + 0.5)
+        items.append((rx.sum().item(), x.sum().item()))
+        rows.append((rx[:4].cpu().tolist(), x[:4].tolist()))
+        if step % 10 == 0:
+            torch.remote_accel.synchronize()
+            # 1 MiB each way: longer than the TCP link's read-ahead buffer, so Python reads
+            # the write (and a read over 4 KiB is Python's too) between messages the loop serves
+            big = torch.randn(512, 512)
+            back = (big.to("remote_accel") * 2).cpu()
+            rows.append((back[0, :4].tolist(), (big * 2)[0, :4].tolist()))
+            assert torch.equal(back, big * 2)
+    print(json.dumps({"items": items, "rows": rows, "served": served()}))
+""")
+
+
+def _server(transport: str, **kwargs) -> ServerProcess:
+    return ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp",
+                         start_timeout=CLIENT_TIMEOUT_S, **kwargs)
+
+
+def _run(script: str, server: ServerProcess, transport: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    host, port = server.tcp
+    return subprocess.run([sys.executable, "-c", script, server.token, str(timeout_s), transport, f"{host}:{port}"],
+                          env=dict(os.environ, **server.client_env()), text=True, capture_output=True,
+                          timeout=CLIENT_TIMEOUT_S)
+
+
+def _work(transport: str, fast_loop: str) -> dict:
+    env = {"REMOTE_ACCEL_SERVER_FAST_LOOP": fast_loop}
+    with _server(transport, env=env) as server:
+        proc = _run(WORK, server, transport)
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert server.alive() and "Traceback" not in server.log(), server.log()
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_loop_serves_batches_reads_and_syncs_with_the_results_python_gives(transport):
+    fast, slow = _work(transport, "1"), _work(transport, "0")
+    batches, reads, syncs = fast["served"]
+    # every step's chain is a Batch of planned ops, each .item() a READ; the first
+    # synchronize() after a read asks the server
+    assert batches >= 30 and reads >= 60 and syncs >= 1, fast["served"]
+    assert slow["served"] == [0, 0, 0]
+    for remote, local in fast["items"]:
+        assert remote == pytest.approx(local, rel=1e-4, abs=1e-4)
+    for remote, local in fast["rows"]:
+        assert remote == pytest.approx(local, rel=1e-4, abs=1e-4)
+    assert fast["items"] == slow["items"] and fast["rows"] == slow["rows"]  # bit for bit
+
+
+ERRORS = PRELUDE + textwrap.dedent("""
+    from remote_accel.errors import RemoteOpError
+    x = torch.arange(8.0, device="remote_accel")
+    good = torch.tensor([1, 2], device="remote_accel")
+    wrong = torch.tensor([1, 80], device="remote_accel")  # the server finds index 80 out of range
+    x.index_select(0, good).sum().item()  # the first call goes through Python and makes a plan
+    before = served()
+    # The same op from its plan, in a Batch the C++ loop runs: the failure stops the Batch
+    # there, and the next sync point (a READ it would serve) reports it instead.
+    bad = x.index_select(0, wrong)
+    after = x.index_select(0, good) * 2  # runs: an error does not stop the later ops
+    try:
+        bad.sum().item()
+        raise SystemExit("no error at the sync point")
+    except RemoteOpError as exc:
+        assert "index out of range" in str(exc), exc
+    assert after.sum().item() == 6.0  # the session goes on: the next READ is served again
+    assert (x + 1).sum().item() == 36.0
+    print(json.dumps({"before": before, "end": served()}))
+""")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_op_that_fails_in_the_loop_is_reported_at_the_next_sync_point(transport):
+    with _server(transport) as server:
+        proc = _run(ERRORS, server, transport)
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert server.alive(), server.log()
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["end"][0] > figures["before"][0]  # the failing Batch went through the loop
+    assert figures["end"][1] > figures["before"][1]  # and reads after the error were served there
+
+
+LONG = PRELUDE + textwrap.dedent("""
+    import math, time
+    a = torch.randn(1500, 1500, device="remote_accel")
+    (a @ a).sum().item()  # the first call makes the plan
+    start = time.perf_counter()
+    (a @ a).sum().item()  # the second tells how long one takes
+    # about 9 s, so that a first call slowed by a busy host still leaves well over 3 timeouts
+    count = min(500, math.ceil(9.0 / (time.perf_counter() - start)))
+    before = served()
+    start = time.perf_counter()
+    for _ in range(count):  # Batches of planned matmuls, seconds on the server
+        b = a @ a
+    b.sum().item()
+    print(json.dumps({"seconds": time.perf_counter() - start, "before": before, "served": served()}))
+""")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_long_batch_in_the_loop_keeps_sending_heartbeats(transport):
+    """The client gives up after 1.5 s of silence; a Batch the loop runs for longer
+    must not look like a dead server (the heartbeat thread sees the loop busy)."""
+    with _server(transport) as server:
+        proc = _run(LONG, server, transport, timeout_s=1.5)
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["seconds"] > 3 * 1.5, figures  # far longer than the silence it accepts
+    assert figures["served"][0] > figures["before"][0]  # and the loop ran them
+
+
+# -- the TCP link's prologues (tcp_link.cpp) against wire.py's ----------------------------
+_WIRE = (ord("R"), ord("A"), WIRE_VERSION, wire.DEFAULT_LIMITS.max_meta, wire.DEFAULT_LIMITS.max_payloads,
+         wire.DEFAULT_LIMITS.max_payload_total)
+
+
+@pytest.mark.parametrize("meta, payload", [(b"", None), (m.encode(m.Pong(0)), None), (b"\x91\x10", 16),
+                                           (bytes(range(256)) * 9, 1 << 33)])
+def test_the_tcp_link_encodes_prologues_as_wire_py_does(meta, payload):
+    lengths = [] if payload is None else [payload]
+    expected = wire.encode_prologue(MsgType.DATA, meta, lengths, req_id=0xDEADBEEF)
+    assert _native.wire_encode(_WIRE, int(MsgType.DATA), 0xDEADBEEF, meta, payload) == expected
+
+
+def test_the_tcp_link_checks_prologues_as_wire_py_does():
+    meta = m.encode(m.Pong(7))
+    good = wire.encode_prologue(MsgType.SYNC, meta, [], req_id=9)
+    status, msg_type, req_id, meta_len, msg_len = _native.wire_check(_WIRE, good)
+    assert (status, msg_type, req_id, meta_len, msg_len) == (0, MsgType.SYNC, 9, len(meta), len(good))
+    with_payload = wire.encode_prologue(MsgType.WRITE, meta, [5, 6])
+    assert _native.wire_check(_WIRE, with_payload)[0] == 0
+    assert _native.wire_check(_WIRE, with_payload)[4] == len(with_payload) + 11  # the payloads follow
+    # anything wire.py refuses, the link leaves to it (status 1): each byte flipped, a
+    # prologue cut short, a meta over the limit
+    for i in range(len(good)):
+        damaged = bytearray(good)
+        damaged[i] ^= 0x40
+        assert _native.wire_check(_WIRE, bytes(damaged))[0] == 1, i
+        with pytest.raises((ProtocolError, MessageTooLarge)):  # and wire.py refuses it too
+            wire.decode_prologue(bytes(damaged))
+    assert _native.wire_check(_WIRE, good[:-1])[0] == 1
+    small = (*_WIRE[:3], 4, *_WIRE[4:])
+    assert _native.wire_check(small, good)[0] == 1
