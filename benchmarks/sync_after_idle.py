@@ -11,8 +11,9 @@ lasts) shows. After a pause the server's session thread sleeps; the client's req
 wakes it, and the kernel tends to wake it on the client's core, where the two then take
 turns (each round trip slower, on a 2-core VM about 41 us instead of 17 over memif) until
 the load balancer parts them; a server waiter that finds its client on its own core moves
-off it (dpdk_shim/doorbell.c, db_spin). The first round also pays for warming a fresh
-connection, with either setting.
+off it (dpdk_shim/doorbell.c, db_spin). A fresh connection's first round trips used to
+fault on the pages of memif's shared region; the shim now maps them at connect
+(dpdk_shim/prefault.c).
 """
 
 from __future__ import annotations

@@ -87,6 +87,8 @@ shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
 		*out = c;
 	}
 	pthread_mutex_unlock(&accept_lock);
+	if (rc == 0 && (*out)->port->is_memif)
+		memif_regions_prefault();  /* the new client's region: before its first message */
 	return rc;
 }
 

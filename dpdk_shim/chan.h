@@ -196,4 +196,7 @@ void db_spin(struct waiter *w);
 void hello_send(struct shim_conn *c, uint8_t type, bool broadcast);
 void hello_doorbell_read(struct shim_conn *c, const struct frame *f);
 
+/* prefault.c */
+void memif_regions_prefault(void);
+
 #endif

@@ -141,6 +141,8 @@ shim_connect(uint16_t port, const struct shim_conn_opts *opts, int64_t timeout_n
 		conn_unref(c);
 		return rc;
 	}
+	if (p->is_memif)
+		memif_regions_prefault();  /* before the first message, not during the first hundreds */
 	*out = c;
 	return 0;
 }

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * The pages of this process's memif regions, mapped at once instead of on first touch.
+ *
+ * memif's shared memory is a memfd of 4 KiB pages that each process maps; a page gets into
+ * a process's page tables on its first touch. A new connection's first laps through the
+ * rings touch fresh buffers: measured on a 2-core VM, the first ~500 round trips of a new
+ * memif connection took ~5 minor faults each on each side, and 38 us instead of 17 us
+ * (benchmarks/sync_after_idle.py's first round). Mapping every page when the connection
+ * opens moves that cost (a few ms per 32 MiB region) to connect/accept time.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "chan.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  /* Linux 5.14 */
+#endif
+
+void
+memif_regions_prefault(void)
+{
+	FILE *maps = fopen("/proc/self/maps", "r");
+	char line[512];
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (maps == NULL)
+		return;  /* only an optimisation */
+	while (fgets(line, sizeof(line), maps) != NULL) {
+		unsigned long lo, hi;
+		char perms[8];
+
+		if (strstr(line, "memif_region") == NULL ||
+		    sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r' || perms[1] != 'w')
+			continue;
+		if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0)
+			continue;
+		/* older kernels: a write fault per page that leaves the bytes as they are (the peer
+		 * may be writing them: an atomic add of zero cannot lose its write) */
+		for (unsigned long a = lo; a < hi; a += (unsigned long)page)
+			__atomic_fetch_add((unsigned char *)a, 0, __ATOMIC_RELAXED);
+	}
+	fclose(maps);
+}
