@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "chan.h"
 
@@ -25,7 +24,6 @@ memif_regions_prefault(void)
 {
 	FILE *maps = fopen("/proc/self/maps", "r");
 	char line[512];
-	long page = sysconf(_SC_PAGESIZE);
 
 	if (maps == NULL)
 		return;  /* only an optimisation */
@@ -36,12 +34,11 @@ memif_regions_prefault(void)
 		if (strstr(line, "memif_region") == NULL ||
 		    sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r' || perms[1] != 'w')
 			continue;
-		if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0)
-			continue;
-		/* older kernels: a write fault per page that leaves the bytes as they are (the peer
-		 * may be writing them: an atomic add of zero cannot lose its write) */
-		for (unsigned long a = lo; a < hi; a += (unsigned long)page)
-			__atomic_fetch_add((unsigned char *)a, 0, __ATOMIC_RELAXED);
+		/* Only the kernel may touch the range: the mapping can go (a client that left, unmapped
+		 * by memif's interrupt thread) between reading the maps and here, and another take its
+		 * place; then madvise fails or maps that one's pages, where a store of ours would fault
+		 * or write into it. Kernels before 5.14 (EINVAL) keep faulting on first touch. */
+		(void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
 	}
 	fclose(maps);
 }
