@@ -1,28 +1,23 @@
-"""Sync latency in bursts after idle pauses, with and without the server's move off its
-client's core, side by side in one run.
+"""Sync latency in bursts on a new connection and after idle pauses, slice by slice.
 
     python benchmarks/sync_after_idle.py [--transport dpdk|tcp] [--rounds N] [--pause S]
 
-For each setting of REMOTE_ACCEL_DPDK_MOVE_OFF_PEER (1, the default, and 0; the setting
-only matters over DPDK) a fresh server (on CPU) and this client: 50 warm-up calls, then
-`rounds` times: a pause of `pause` seconds, then 900 calls of `x.sum().item()` (16
-floats), printed as the medians of 75-call slices, so a slow stretch (and how long it
-lasts) shows. After a pause the server's session thread sleeps; the client's request
-wakes it, and the kernel tends to wake it on the client's core, where the two then take
-turns (each round trip slower, on a 2-core VM about 41 us instead of 17 over memif) until
-the load balancer parts them; a server waiter that finds its client on its own core moves
-off it (dpdk_shim/doorbell.c, db_spin). A fresh connection's first round trips used to
-fault on the pages of memif's shared region; the shim now maps them at connect
-(dpdk_shim/prefault.c).
+A fresh server (on CPU) and this client: 5 warm-up calls, then `rounds` times: a pause of
+`pause` seconds (none before the first round), then 900 calls of `x.sum().item()` (16
+floats), printed as the medians of 75-call slices with the minor page faults each slice
+took in this process and in the server, so a slow stretch, how long it lasts and whether
+page faults go with it all show. What it showed on a 2-core VM (README, "A new
+connection's first round trips" and "Two threads on one core"): a new memif connection's
+first ~500 round trips faulted on fresh pages of the shared region (~5 faults per trip per
+side; the shim now maps them at connect), and after a pause the first slices can run at
+~41 us instead of ~17 while the kernel keeps client and server thread on one core.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -30,32 +25,9 @@ SLICE = 75
 CALLS = 900
 
 
-def _client(transport: str, rounds: int, pause: float) -> None:
-    import torch
-
-    import remote_accel
-    from remote_accel.pytorch_ext import runtime
-    from remote_accel.server.testing import ServerProcess
-
-    with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk") as server:
-        host, port = server.tcp
-        os.environ.update(server.client_env())
-        remote_accel.init(transport=transport, server=f"{host}:{port}", token=server.token)
-        x = torch.randn(16, device="remote_accel")
-        for _ in range(50):
-            x.sum().item()
-        slices = []
-        for _ in range(rounds):
-            time.sleep(pause)
-            times = []
-            for _ in range(CALLS):
-                start = time.perf_counter()
-                x.sum().item()
-                times.append(time.perf_counter() - start)
-            slices.append([statistics.median(times[i:i + SLICE]) * 1e6 for i in range(0, CALLS, SLICE)])
-        moves = runtime.session(0).stats()["transport"].get("moves_off_peer", 0)
-        remote_accel.shutdown()
-    print(json.dumps({"slices": slices, "moves": moves}))
+def _minor_faults(pid) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def main() -> int:
@@ -63,25 +35,39 @@ def main() -> int:
     parser.add_argument("--transport", choices=("dpdk", "tcp"), default="dpdk")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pause", type=float, default=2.0)
-    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # one setting, in a process of its own
     args = parser.parse_args()
-    if args.client:
-        _client(args.transport, args.rounds, args.pause)
-        return 0
-    print(f"x.sum().item() over {args.transport}, us: medians of {SLICE}-call slices of {CALLS} calls after each "
-          f"{args.pause:g} s pause")
-    results = {}
-    for setting in ("1", "0"):  # each in a process of its own (one EAL per process)
-        env = dict(os.environ, REMOTE_ACCEL_DPDK_MOVE_OFF_PEER=setting, OMP_WAIT_POLICY="PASSIVE")
-        out = subprocess.run([sys.executable, __file__, "--client", "--transport", args.transport, "--rounds",
-                              str(args.rounds), "--pause", str(args.pause)], env=env, text=True,
-                             capture_output=True, check=True)
-        results[setting] = json.loads(out.stdout.strip().splitlines()[-1])
-    for setting, name in (("1", "server moves off its client's core"), ("0", "REMOTE_ACCEL_DPDK_MOVE_OFF_PEER=0")):
-        r = results[setting]
-        print(f"{name} (moves: {r['moves']})")
-        for i, row in enumerate(r["slices"], 1):
-            print(f"  round {i}: median {statistics.median(row):5.1f}  slices " + " ".join(f"{v:.0f}" for v in row))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the server's OpenMP threads must not spin
+    import torch
+
+    import remote_accel
+    from remote_accel.server.testing import ServerProcess
+
+    with ServerProcess("--transport", "tcp" if args.transport == "tcp" else "tcp,dpdk") as server:
+        host, port = server.tcp
+        os.environ.update(server.client_env())
+        remote_accel.init(transport=args.transport, server=f"{host}:{port}", token=server.token)
+        x = torch.randn(16, device="remote_accel")
+        for _ in range(5):
+            x.sum().item()
+        print(f"x.sum().item() over {args.transport}: medians of {SLICE}-call slices, us "
+              f"[minor faults: client, server]")
+        for round_ in range(args.rounds):
+            if round_:
+                time.sleep(args.pause)
+            slices = []
+            for _ in range(CALLS // SLICE):
+                faults = _minor_faults("self"), _minor_faults(server.proc.pid)
+                times = []
+                for _ in range(SLICE):
+                    start = time.perf_counter()
+                    x.sum().item()
+                    times.append(time.perf_counter() - start)
+                slices.append((statistics.median(times) * 1e6, _minor_faults("self") - faults[0],
+                               _minor_faults(server.proc.pid) - faults[1]))
+            when = "new connection" if round_ == 0 else f"after {args.pause:g} s"
+            print(f"{when:>15}: median {statistics.median(s[0] for s in slices):5.1f}  "
+                  + " ".join(f"{us:.0f}[{c},{s}]" for us, c, s in slices))
+        remote_accel.shutdown()
     return 0
 
 

@@ -63,10 +63,6 @@ class ChannelOptions:
     # /dev/shm is not shared between the two processes)
     doorbell: bool = dataclasses.field(default_factory=lambda: os.environ.get("REMOTE_ACCEL_DPDK_DOORBELL", "1") != "0")
     linger: float = 5.0            # s close() keeps retransmitting unacknowledged data
-    # a waiter that finds its peer on its own core moves to another core (the shim's
-    # db_spin): DpdkListener sets it for a server's session threads, never for a client's
-    # (the user's own threads); REMOTE_ACCEL_DPDK_MOVE_OFF_PEER=0 keeps them where they are
-    move_off_peer: bool = False
 
     def cdata(self, group: int = 0):
         o = ffi.new("struct shim_conn_opts *")
@@ -77,7 +73,6 @@ class ChannelOptions:
         o.spin_ns = int(self.spin * 1e9)
         o.busy_poll = int(self.busy_poll)
         o.doorbell = int(self.doorbell)
-        o.move_off_peer = int(self.move_off_peer)
         o.group = group
         return o
 
@@ -440,8 +435,6 @@ class DpdkListener(Listener):
             raise dpdk_error(errno.ENODEV, f"no DPDK port to listen on (EAL args: {' '.join(args)})")
         self._group = next(_groups) % 16 or 1
         self._ports = list(ports)
-        if os.environ.get("REMOTE_ACCEL_DPDK_MOVE_OFF_PEER", "1") != "0":
-            options = dataclasses.replace(options, move_off_peer=True)
         self._options = options
         self._kwargs = transport_kwargs
         self._closed = False

@@ -347,7 +347,6 @@ shim_conn_stats(struct shim_conn *c, struct shim_conn_stats *out)
 	out->doorbell = c->db_own != NULL && c->db_peer != NULL;
 	out->db_sleeps = __atomic_load_n(&c->db_sleeps, __ATOMIC_RELAXED);
 	out->db_wakeups = __atomic_load_n(&c->db_wakeups, __ATOMIC_RELAXED);
-	out->moves_off_peer = __atomic_load_n(&c->moves_off_peer, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&p->lock);
 	return 0;
 }

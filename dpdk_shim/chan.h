@@ -92,8 +92,6 @@ struct shim_conn {
 	bool db_due;                  /* frames queued for the peer since the last flush */
 	bool corked;                  /* shim_conn_cork: a send queues its frames, no burst */
 	uint64_t db_sleeps, db_wakeups;  /* atomics: waiters count them without the lock */
-	uint64_t moves_off_peer;   /* atomic: db_spin's moves off the peer's core */
-	uint64_t moved_at;         /* tsc of the last (db_spin: one waiting thread at a time) */
 	/* accept queue */
 	struct shim_conn *accept_next;
 	int32_t group;
@@ -177,7 +175,6 @@ struct waiter {
 	struct doorbell *db, *peer;
 	struct shim_conn *conn;
 	uint64_t seen;             /* port->rx_count at the last pause */
-	bool move_off_peer;        /* see db_spin */
 };
 void waiter_init(struct waiter *w, const struct shim_conn_opts *o);
 void waiter_init_conn(struct waiter *w, struct shim_conn *c);

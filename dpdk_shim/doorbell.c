@@ -226,39 +226,11 @@ db_sleep(struct waiter *w, uint64_t ns)
 	w->seen = seen;
 }
 
-/* Moves the calling thread off `cpu`, onto another core its affinity allows, and gives
- * the affinity back as it was (a set that includes where the thread now runs: it stays
- * there). False where it may run nowhere else. */
-static bool
-move_off(int cpu)
-{
-	cpu_set_t allowed, others;
-
-	if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || !CPU_ISSET(cpu, &allowed))
-		return false;
-	others = allowed;
-	CPU_CLR(cpu, &others);
-	if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof(others), &others) != 0)
-		return false;
-	sched_setaffinity(0, sizeof(allowed), &allowed);
-	return true;
-}
-
-/* Between two moves of one waiter: a core it cannot leave for long (the other ones busy)
- * costs a move per this much, not a move per spin. */
-#define MOVE_OFF_GAP_NS 2000000ull
-
 /* One turn of a waiter's spin. Two threads spinning for each other on one core (2-core
  * machines; the scheduler often puts both ends there) would each hold the core for its
  * whole slice: each end says in its page where it runs, and a waiter spins on pause only
  * while the peer runs on another core; otherwise (the same core, or the peer asleep: its
- * wake-up may land here) it yields (a system call: ~1 us per turn).
- * A waiter with move_off_peer (a server's session thread) that finds its peer on its own
- * core moves to another one instead: a sleeping server thread woken by its client tends to
- * be placed on the client's core, and the two then take turns on it (each round trip
- * ~2.4x slower over memif on a 2-core VM) until the kernel's load balancing parts them,
- * which took from a few to hundreds of milliseconds. The client's thread is the user's:
- * it is never moved. */
+ * wake-up may land here) it yields (a system call: ~1 us per turn). */
 void
 db_spin(struct waiter *w)
 {
@@ -267,23 +239,10 @@ db_spin(struct waiter *w)
 
 	if (atomic_load_explicit(&w->db->cpu, memory_order_relaxed) != cpu)
 		atomic_store_explicit(&w->db->cpu, cpu, memory_order_relaxed);
-	if (peer >= 0 && peer != cpu) {
+	if (peer >= 0 && peer != cpu)
 		rte_pause();
-		return;
-	}
-	if (peer == cpu && w->move_off_peer) {
-		uint64_t now = rte_rdtsc();
-
-		if (now - w->conn->moved_at > ns_to_tsc(MOVE_OFF_GAP_NS)) {
-			w->conn->moved_at = now;
-			if (move_off(cpu)) {
-				atomic_store_explicit(&w->db->cpu, sched_getcpu(), memory_order_relaxed);
-				__atomic_fetch_add(&w->conn->moves_off_peer, 1, __ATOMIC_RELAXED);
-				return;
-			}
-		}
-	}
-	sched_yield();
+	else
+		sched_yield();
 }
 
 /* -- naming doorbells in the handshake ------------------------------------------------- */

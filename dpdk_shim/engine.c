@@ -128,7 +128,6 @@ waiter_init(struct waiter *w, const struct shim_conn_opts *o)
 	w->idle_since = rte_rdtsc();
 	w->spin = ns_to_tsc(o->spin_ns);
 	w->busy = o->busy_poll != 0;
-	w->move_off_peer = o->move_off_peer != 0;
 	w->port = NULL;
 	w->db = w->peer = NULL;
 	w->seen = UINT64_MAX;  /* the first pause only looks */

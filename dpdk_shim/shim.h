@@ -125,7 +125,6 @@ struct shim_conn_opts {
 	int32_t busy_poll;          /* 1: never sleep (benchmarks; burns a core per waiter) */
 	int32_t group;              /* listen group a server connection is accepted into */
 	int32_t doorbell;           /* 1: on memif/ring, sleep on a doorbell the peer rings (doorbell.c) */
-	int32_t move_off_peer;      /* 1: a waiter that finds its peer on its own core moves (doorbell.c) */
 };
 
 struct shim_conn_info {
@@ -146,7 +145,6 @@ struct shim_conn_stats {
 	uint64_t doorbell;          /* 1: both ends' doorbells are mapped (waits end on the peer's frame) */
 	uint64_t db_sleeps;         /* waits that slept on our doorbell */
 	uint64_t db_wakeups;        /* ... and were woken by the peer (or a local close), not by time */
-	uint64_t moves_off_peer;    /* waits that moved their thread off the peer's core */
 };
 
 void shim_conn_opts_default(struct shim_conn_opts *opts);

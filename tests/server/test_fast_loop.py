@@ -171,59 +171,6 @@ def test_a_long_batch_in_the_loop_keeps_sending_heartbeats(transport):
 
 
 
-# The client's thread follows the server's session thread to its core, burst after burst
-# of round trips: two threads that share a core take turns on it, and the server's waiter
-# moves itself to another core (the shim's db_spin, move_off_peer); the client's is never
-# moved (it stays where it was put).
-SHARED_CORE = PRELUDE + textwrap.dedent("""
-    import glob, os
-    server = int(sys.argv[5])
-
-    def task_stat(path):
-        return open(path).read().rsplit(")", 1)[1].split()
-
-    def cpu_ticks():
-        return {d: int(task_stat(d + "/stat")[11]) + int(task_stat(d + "/stat")[12])
-                for d in glob.glob(f"/proc/{server}/task/*")}
-
-    x = torch.randn(16, device="remote_accel")
-    before = cpu_ticks()
-    for _ in range(3000):
-        x.sum().item()
-    after = cpu_ticks()
-    session_thread = max(after, key=lambda d: after[d] - before.get(d, 0))  # the busiest: it served them
-    stayed = True
-    for _ in range(20):
-        core = int(task_stat(session_thread + "/stat")[36])
-        os.sched_setaffinity(0, {core})
-        for _ in range(300):
-            x.sum().item()
-        stayed = stayed and os.sched_getaffinity(0) == {core}
-    print(json.dumps({"moves": runtime.session(0).stats()["transport"]["moves_off_peer"], "stayed": stayed}))
-""")
-
-
-def _shared_core_moves(move_off_peer: str) -> int:
-    env = {"REMOTE_ACCEL_DPDK_MOVE_OFF_PEER": move_off_peer}
-    with _server("dpdk", env=env) as server:
-        host, port = server.tcp
-        proc = subprocess.run([sys.executable, "-c", SHARED_CORE, server.token, "30", "dpdk", f"{host}:{port}",
-                               str(server.proc.pid)], env=dict(os.environ, **server.client_env()), text=True,
-                              capture_output=True, timeout=CLIENT_TIMEOUT_S)
-        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert figures["stayed"], figures  # the client's own thread was not moved
-    return figures["moves"]
-
-
-@pytest.mark.dpdk
-@pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move between")
-def test_a_server_thread_on_its_clients_core_moves_to_another():
-    assert _shared_core_moves("1") >= 1
-    assert _shared_core_moves("0") == 0  # the same run with the move turned off: it stays
-
-
 # A new memif connection's first round trips touch fresh pages of the shared region:
 # without the shim's prefault at connect and accept, each round trip took ~5 minor page
 # faults on each side (and twice as long) for the first ~500 of them.
