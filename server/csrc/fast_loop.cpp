@@ -9,15 +9,6 @@
 
 namespace remote_accel::server {
 
-namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-} // namespace
-
 bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n) {
   wire::Reader r(reinterpret_cast<const uint8_t*>(meta), len);
   try {

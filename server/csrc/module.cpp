@@ -293,12 +293,21 @@ PYBIND11_MODULE(_native, m) {
            }),
            py::arg("addresses"),
            "addresses: (conn, wire, head, head_cap, info, recv_msg, send_msg), DpdkTransport.native_addresses().");
+  // (magic0, magic1, version, max_meta, max_payloads, max_payload_total): wire.py's, as Python gives them
+  const auto wire_params = [](const py::tuple& w) {
+    shim_wire wire{};
+    wire.magic0 = w[0].cast<uint8_t>();
+    wire.magic1 = w[1].cast<uint8_t>();
+    wire.version = w[2].cast<uint8_t>();
+    wire.max_meta = w[3].cast<uint32_t>();
+    wire.max_payloads = w[4].cast<uint32_t>();
+    wire.max_payload_total = w[5].cast<uint64_t>();
+    return wire;
+  };
   py::class_<TcpLink, Link>(m, "TcpLink")
-      .def(py::init([](int fd, uintptr_t buffer, size_t capacity, const py::tuple& w, int64_t poll_ns,
-                       int64_t stall_ns) {
-             const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
-                                   w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
-             return new TcpLink(fd, buffer, capacity, wire, poll_ns, stall_ns);
+      .def(py::init([wire_params](int fd, uintptr_t buffer, size_t capacity, const py::tuple& w, int64_t poll_ns,
+                                  int64_t stall_ns) {
+             return new TcpLink(fd, buffer, capacity, wire_params(w), poll_ns, stall_ns);
            }),
            py::arg("fd"), py::arg("buffer"), py::arg("capacity"), py::arg("wire"), py::arg("poll_ns"),
            py::arg("stall_ns"),
@@ -309,25 +318,25 @@ PYBIND11_MODULE(_native, m) {
       .def("take_counts", &TcpLink::take_counts,
            "(rx messages, rx bytes, tx messages, tx bytes) since the last call, for the transport's counters.")
       .def("close", &TcpLink::close, "Closes the link's socket (a dup of the transport's).");
-  m.def("wire_encode", [](const py::tuple& w, int type, uint32_t req_id, const py::bytes& meta,
-                          std::optional<uint64_t> payload_len) {
-    const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
-                          w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
+  m.def("wire_encode", [wire_params](const py::tuple& w, int type, uint32_t req_id, const py::bytes& meta,
+                                     std::optional<uint64_t> payload_len) {
+    const shim_wire wire = wire_params(w);
     const std::string m = meta;
-    std::string out(kWireHeader + 8 + m.size(), '\0');
-    const size_t n = wire_encode(wire, reinterpret_cast<uint8_t*>(out.data()), static_cast<uint8_t>(type), req_id, m,
-                                 payload_len ? &*payload_len : nullptr);
-    out.resize(n);
+    std::string out(SHIM_WIRE_HEADER + 8 + m.size(), '\0');
+    const shim_iov payload{nullptr, payload_len.value_or(0)};
+    const int64_t n = shim_wire_encode(&wire, out.data(), out.size(), static_cast<uint8_t>(type), 0, req_id, m.data(),
+                                       static_cast<uint32_t>(m.size()), &payload, payload_len ? 1 : 0);
+    if (n < 0) throw std::invalid_argument("shim_wire_encode refused the message");
+    out.resize(static_cast<size_t>(n));
     return py::bytes(out);
-  }, "A prologue as TcpLink sends it (tests compare it with wire.encode_prologue).");
-  m.def("wire_check", [](const py::tuple& w, const py::bytes& data) {
-    const WireParams wire{w[0].cast<uint8_t>(), w[1].cast<uint8_t>(), w[2].cast<uint8_t>(),
-                          w[3].cast<uint64_t>(), w[4].cast<uint64_t>(), w[5].cast<uint64_t>()};
+  }, "A prologue as the TCP loop sends it (dpdk_shim/prologue.c; tests compare it with wire.encode_prologue).");
+  m.def("wire_check", [wire_params](const py::tuple& w, const py::bytes& data) {
+    const shim_wire wire = wire_params(w);
     const std::string d = data;
     shim_msg_info info;
-    wire_check(wire, reinterpret_cast<const uint8_t*>(d.data()), d.size(), &info);
+    prologue_check(wire, reinterpret_cast<const uint8_t*>(d.data()), d.size(), &info);
     return py::make_tuple(info.status, info.type, info.req_id, info.meta_len, info.msg_len);
-  }, "(status, type, req_id, meta_len, msg_len) of a prologue as TcpLink checks it (0: valid).");
+  }, "(status, type, req_id, meta_len, msg_len) of a prologue as the TCP loop checks it (0: valid).");
   py::class_<FastLoop>(m, "FastLoop")
       .def(py::init([](Executor& executor, Link& link, const py::tuple& t, bool cpu_device, size_t small_read,
                        const py::bytes& pong_meta) {

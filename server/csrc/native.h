@@ -14,6 +14,7 @@
 #include <ATen/core/Generator.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,12 @@
 #include <vector>
 
 namespace remote_accel::server {
+
+// The steady clock in nanoseconds (timings, deadlines).
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A failure of one request, reported at the client's next sync. `kind` is an ErrorReply
 // kind (server/failure.py) or "exception" for an op's own error, then `type` names the

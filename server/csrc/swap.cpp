@@ -17,11 +17,6 @@ namespace {
 //: Batch items looked ahead at for swapped-out inputs, beyond the one about to run.
 constexpr size_t kLookahead = 16;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 at::Tensor whole(const c10::Storage& storage) {
   return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
       .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});

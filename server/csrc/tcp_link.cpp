@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -18,100 +17,20 @@
 
 namespace remote_accel::server {
 
-namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-uint32_t get32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 | static_cast<uint32_t>(p[2]) << 8 | p[3];
-}
-uint64_t get64(const uint8_t* p) { return static_cast<uint64_t>(get32(p)) << 32 | get32(p + 4); }
-void put16(uint8_t* p, uint16_t v) { p[0] = static_cast<uint8_t>(v >> 8); p[1] = static_cast<uint8_t>(v); }
-void put32(uint8_t* p, uint32_t v) {
-  for (int i = 3; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
-void put64(uint8_t* p, uint64_t v) {
-  put32(p, static_cast<uint32_t>(v >> 32));
-  put32(p + 4, static_cast<uint32_t>(v));
-}
-
-// CRC32C (Castagnoli, reflected 0x82F63B78), a byte at a time: prologues are a few
-// hundred bytes; payloads are TCP's to protect (wire.py).
-constexpr std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
-
-constexpr size_t kCrcOffset = 24;
-
-} // namespace
-
-uint32_t crc32c(uint32_t crc, const uint8_t* data, size_t n) {
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = kCrcTable[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
-
-void wire_check(const WireParams& w, const uint8_t* p, uint64_t len, shim_msg_info* out) {
-  std::memset(out, 0, sizeof(*out));
-  out->status = 1;  // not (yet) known good: Python's wire.py looks and says what is wrong
-  if (len < kWireHeader || p[0] != w.magic0 || p[1] != w.magic1 || p[2] != w.version) return;
-  out->type = p[3];
-  out->flags = get16(p + 4);
-  out->n_payloads = get16(p + 6);
-  out->req_id = get32(p + 8);
-  out->meta_len = get32(p + 12);
-  out->payload_total = get64(p + 16);
-  out->crc = get32(p + 24);
-  if (out->meta_len > w.max_meta || out->n_payloads > w.max_payloads || out->payload_total > w.max_payload_total) {
+void prologue_check(const shim_wire& w, const uint8_t* p, uint64_t len, shim_msg_info* out) {
+  shim_wire_check(&w, p, len, 0, out);  // the header's fields (a message length of 0 never matches)
+  if (out->prologue_len == 0) {  // bad magic, version or limits
+    out->msg_len = 0;
     return;
   }
-  const uint64_t plen = kWireHeader + 8ull * out->n_payloads + out->meta_len;
-  out->prologue_len = static_cast<uint32_t>(plen);
-  out->msg_len = plen + out->payload_total;
-  if (plen > len) return;  // the caller reads more, or leaves it to Python
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < out->n_payloads; ++i) total += get64(p + kWireHeader + 8 * i);
-  if (total != out->payload_total) return;
-  uint8_t zeroed[kWireHeader];
-  std::memcpy(zeroed, p, kWireHeader);
-  std::memset(zeroed + kCrcOffset, 0, 4);
-  const uint32_t crc = crc32c(crc32c(0, zeroed, kWireHeader), p + kWireHeader, plen - kWireHeader);
-  if (crc != out->crc) return;
-  out->status = 0;
+  const uint64_t msg_len = out->prologue_len + out->payload_total;
+  if (out->prologue_len <= len) {
+    shim_wire_check(&w, p, len, msg_len, out);  // lengths and CRC
+  }
+  out->msg_len = msg_len;
 }
 
-size_t wire_encode(const WireParams& w, uint8_t* out, uint8_t type, uint32_t req_id, const std::string& meta,
-                   const uint64_t* payload_len) {
-  const uint16_t n = payload_len != nullptr ? 1 : 0;
-  const size_t plen = kWireHeader + 8u * n + meta.size();
-  out[0] = w.magic0;
-  out[1] = w.magic1;
-  out[2] = w.version;
-  out[3] = type;
-  put16(out + 4, 0);  // flags
-  put16(out + 6, n);
-  put32(out + 8, req_id);
-  put32(out + 12, static_cast<uint32_t>(meta.size()));
-  put64(out + 16, n ? *payload_len : 0);
-  put32(out + kCrcOffset, 0);
-  if (n) put64(out + kWireHeader, *payload_len);
-  std::memcpy(out + kWireHeader + 8u * n, meta.data(), meta.size());
-  put32(out + kCrcOffset, crc32c(0, out, plen));
-  return plen;
-}
-
-TcpLink::TcpLink(int fd, uintptr_t buffer, size_t capacity, const WireParams& wire, int64_t poll_ns,
+TcpLink::TcpLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wire, int64_t poll_ns,
                  int64_t stall_ns)
     : fd_(::dup(fd)),
       buf_(reinterpret_cast<char*>(buffer)),
@@ -172,8 +91,8 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
   for (;;) {
     const size_t avail = tail_ - head_;
     const auto* p = reinterpret_cast<const uint8_t*>(buf_ + head_);
-    if (avail >= kWireHeader) {
-      wire_check(wire_, p, avail, info);
+    if (avail >= SHIM_WIRE_HEADER) {
+      prologue_check(wire_, p, avail, info);
       // a bad header, or a message the buffer cannot hold (a WRITE's payload): Python's
       if (info->msg_len == 0 || info->msg_len > cap_) {
         *bytes = buf_ + head_;
@@ -191,7 +110,7 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
     if (got == 0) return -ECONNRESET;  // the peer's end (with or without a message begun)
     if (got != -EAGAIN) return got;
     if (avail > 0) {  // a message begun, its rest on the way: Python reads it as before
-      wire_check(wire_, reinterpret_cast<const uint8_t*>(buf_ + head_), avail, info);
+      prologue_check(wire_, reinterpret_cast<const uint8_t*>(buf_ + head_), avail, info);
       info->status = 1;
       *bytes = buf_ + head_;
       return static_cast<int64_t>(avail);
@@ -219,13 +138,16 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> TcpLink::take_counts() {
 }
 
 int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) {
-  const uint64_t len = nbytes;
-  send_buf_.resize(kWireHeader + 8 + meta.size());
-  const size_t plen = wire_encode(wire_, send_buf_.data(), type, req_id, meta, payload != nullptr ? &len : nullptr);
-  iovec iov[2] = {{send_buf_.data(), plen}, {const_cast<void*>(payload), payload != nullptr ? nbytes : 0}};
+  shim_iov payload_iov{const_cast<void*>(payload), nbytes};
+  const int n = payload != nullptr ? 1 : 0;
+  send_buf_.resize(SHIM_WIRE_HEADER + 8 * n + meta.size());
+  const int64_t plen = shim_wire_encode(&wire_, send_buf_.data(), send_buf_.size(), type, 0, req_id, meta.data(),
+                                        static_cast<uint32_t>(meta.size()), &payload_iov, n);
+  if (plen < 0) return static_cast<int>(plen);
+  iovec iov[2] = {{send_buf_.data(), static_cast<size_t>(plen)}, {const_cast<void*>(payload), n ? nbytes : 0}};
   msghdr msg{};
   msg.msg_iov = iov;
-  msg.msg_iovlen = payload != nullptr && nbytes > 0 ? 2 : 1;
+  msg.msg_iovlen = n && nbytes > 0 ? 2 : 1;
   const int64_t deadline = now_ns() + stall_ns_;
   std::lock_guard<std::mutex> lock(fd_mu_);
   while (msg.msg_iovlen > 0) {
@@ -251,7 +173,7 @@ int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const 
   }
   last_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
   tx_messages_.fetch_add(1, std::memory_order_relaxed);
-  tx_bytes_.fetch_add(static_cast<int64_t>(plen + (payload != nullptr ? nbytes : 0)), std::memory_order_relaxed);
+  tx_bytes_.fetch_add(plen + static_cast<int64_t>(n ? nbytes : 0), std::memory_order_relaxed);
   return 0;
 }
 

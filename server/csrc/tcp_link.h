@@ -11,6 +11,9 @@
 // prologue that does not check out, a message longer than the buffer, a message not all
 // there yet) is left to Python, which reads, waits and raises as before.
 //
+// Prologues are checked and encoded by the shim's own C (dpdk_shim/prologue.c, compiled
+// into this module too: it needs no DPDK).
+//
 // The socket is a dup() of the transport's: Python's close() (shutdown, then close) ends
 // a wait here through the shutdown, and the number this link uses is never reused under it.
 #pragma once
@@ -28,25 +31,16 @@
 
 namespace remote_accel::server {
 
-// The prologue of dataplane/wire.py, in C++ (as dpdk_shim/wire.c: the server module links
-// nothing of the shim). check: status 0 when `bytes` hold a whole valid prologue of a
-// message of `msg_len` bytes (fields filled in either way where readable); encode: header,
-// length table (one payload at most) and meta, CRC filled in; returns its length.
-struct WireParams {
-  uint8_t magic0, magic1, version;
-  uint64_t max_meta, max_payloads, max_payload_total;
-};
-constexpr size_t kWireHeader = 28;
-void wire_check(const WireParams& w, const uint8_t* bytes, uint64_t len, shim_msg_info* out);
-size_t wire_encode(const WireParams& w, uint8_t* out, uint8_t type, uint32_t req_id, const std::string& meta,
-                   const uint64_t* payload_len);
-uint32_t crc32c(uint32_t crc, const uint8_t* data, size_t n);
+// A prologue at the start of `len` bytes of a stream, checked by the shim's C: its fields,
+// and its message's whole length from its header (msg_len; 0 for a header wire.py
+// refuses); status 0 when the bytes hold a whole valid prologue.
+void prologue_check(const shim_wire& w, const uint8_t* p, uint64_t len, shim_msg_info* out);
 
 class TcpLink : public Link {
  public:
   // fd: the transport's socket (dup'ed here); buffer/capacity: its read-ahead buffer, which
   // must outlive this link; stall_ns: how long a reply may wait for the socket to drain.
-  TcpLink(int fd, uintptr_t buffer, size_t capacity, const WireParams& wire, int64_t poll_ns, int64_t stall_ns);
+  TcpLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wire, int64_t poll_ns, int64_t stall_ns);
   ~TcpLink() override;
   TcpLink(const TcpLink&) = delete;
   TcpLink& operator=(const TcpLink&) = delete;
@@ -73,7 +67,7 @@ class TcpLink : public Link {
   int fd_;
   char* buf_;
   size_t cap_;
-  WireParams wire_;
+  shim_wire wire_;
   int64_t poll_ns_, stall_ns_;
   size_t head_ = 0, tail_ = 0;
   size_t pending_ = 0;  // bytes of the message next() returned
