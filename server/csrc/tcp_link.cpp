@@ -110,8 +110,7 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
     if (got == 0) return -ECONNRESET;  // the peer's end (with or without a message begun)
     if (got != -EAGAIN) return got;
     if (avail > 0) {  // a message begun, its rest on the way: Python reads it as before
-      prologue_check(wire_, reinterpret_cast<const uint8_t*>(buf_ + head_), avail, info);
-      info->status = 1;
+      info->status = 1;  // all the loop looks at before it hands a message over
       *bytes = buf_ + head_;
       return static_cast<int64_t>(avail);
     }
@@ -151,8 +150,8 @@ int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const 
   const int64_t deadline = now_ns() + stall_ns_;
   std::lock_guard<std::mutex> lock(fd_mu_);
   while (msg.msg_iovlen > 0) {
-    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
+    const ssize_t wrote = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (wrote < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
       if (now_ns() >= deadline) return -ETIMEDOUT;  // the client stopped reading
@@ -160,7 +159,7 @@ int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const 
       ::poll(&p, 1, 10);
       continue;
     }
-    size_t sent = static_cast<size_t>(n);
+    size_t sent = static_cast<size_t>(wrote);
     while (msg.msg_iovlen > 0 && sent >= msg.msg_iov[0].iov_len) {
       sent -= msg.msg_iov[0].iov_len;
       ++msg.msg_iov;
