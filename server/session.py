@@ -186,13 +186,12 @@ class Session(Receiving):
         None when the loop served all that came (or ran a Batch on until an item Python
         runs, which ran here). Raises as recv."""
         tcp = self._tcp_link
-        if tcp is None:
-            result = fast.run(int(timeout * 1e9), self.executor.python_ops, self.pending is not None)
-        else:  # the loop reads on where Python's recv stopped, and the reverse
+        if tcp is not None:  # the loop reads on where Python's recv stopped, and the reverse
             tcp.set_read_ahead(*self.transport.read_ahead())
-            try:
-                result = fast.run(int(timeout * 1e9), self.executor.python_ops, self.pending is not None)
-            finally:
+        try:
+            result = fast.run(int(timeout * 1e9), self.executor.python_ops, self.pending is not None)
+        finally:
+            if tcp is not None:
                 self.transport.set_read_ahead(*tcp.read_ahead())
                 self.transport.add_native_counts(*tcp.take_counts())
         for ns in fast.take_batch_ns():

@@ -3,12 +3,12 @@
 // executor's resume call, the reply's send wrapper, about 7 us each).
 //
 // The loop takes messages off the connection through a Link (the shim's own recv for
-// DPDK, tcp_link.h for a TCP socket) and serves the common ones without the GIL: a Batch the executor scans whole and runs to its end, a
-// small READ of a CPU server (its bytes sent straight out of the storage), a SYNC of a
-// CPU server without a pending error. Everything else goes back to Python (session.py)
-// as it came: a message whose head lies in the transport's own buffer (Python's
-// finish_recv reads the rest), or a Batch stopped at an item Python must
-// run or that failed (Python resumes it). Semantics are Python's: same replies, same
+// DPDK, tcp_link.h for a TCP socket) and serves the common ones without the GIL: a Batch
+// the executor scans whole and runs to its end, a small READ of a CPU server (its bytes
+// sent straight out of the storage), a SYNC of a CPU server without a pending error.
+// Everything else goes back to Python (session.py) as it came: a message whose head lies
+// in the transport's own buffer (Python's finish_recv reads the rest), or a Batch stopped
+// at an item Python must run or that failed (Python resumes it). Semantics are Python's: same replies, same
 // order, same errors; only who runs them changes.
 //
 // Sends: the loop's replies and the session's heartbeat (send_pong) share a mutex; the

@@ -77,9 +77,13 @@ def _server(transport: str, **kwargs) -> ServerProcess:
                          start_timeout=CLIENT_TIMEOUT_S, **kwargs)
 
 
-def _run(script: str, server: ServerProcess, transport: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+def _run(script: str, server: ServerProcess, transport: str, timeout_s: float = 30.0,
+         extra: tuple = ()) -> subprocess.CompletedProcess:
+    """`script` in a client process of its own; its sys.argv: token, timeout, transport,
+    the server's TCP address, then `extra`."""
     host, port = server.tcp
-    return subprocess.run([sys.executable, "-c", script, server.token, str(timeout_s), transport, f"{host}:{port}"],
+    return subprocess.run([sys.executable, "-c", script, server.token, str(timeout_s), transport, f"{host}:{port}",
+                           *extra],
                           env=dict(os.environ, **server.client_env()), text=True, capture_output=True,
                           timeout=CLIENT_TIMEOUT_S)
 
@@ -192,10 +196,7 @@ FIRST_TRIPS = PRELUDE + textwrap.dedent("""
 @pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)
 def test_a_new_memif_connection_takes_no_page_fault_per_round_trip():
     with _server("dpdk") as server:
-        host, port = server.tcp
-        proc = subprocess.run([sys.executable, "-c", FIRST_TRIPS, server.token, "30", "dpdk", f"{host}:{port}",
-                               str(server.proc.pid)], env=dict(os.environ, **server.client_env()), text=True,
-                              capture_output=True, timeout=CLIENT_TIMEOUT_S)
+        proc = _run(FIRST_TRIPS, server, "dpdk", extra=(str(server.proc.pid),))
         assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
     faults = json.loads(proc.stdout.strip().splitlines()[-1])
     # a few from Python and torch's own allocations; a fault per trip would be 500
