@@ -28,6 +28,7 @@ from .. import config  # noqa: E402 (after the environment is set)
 from .._version import __version__
 from ..errors import ConfigError, RemoteAccelError
 from ..dataplane.eal_args import split_eal
+from . import cpu_threads
 
 log = logging.getLogger("remote_accel.server")
 
@@ -166,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="libraries whose registered ops (NS::op, e.g. torchvision::nms) clients may run besides "
                         "aten; each is imported at start-up (MODULE, default NS) and must import, or the server "
                         "exits with status 2. auto: torchvision where it imports; none: aten only (default: auto)")
+    p.add_argument("--threads", type=_int_range(1, 4096), default=None, metavar="N",
+                   help="CPU threads for the device's kernels (torch's intra-op threads), 1..4096; an "
+                        "OMP_NUM_THREADS the server starts with counts as this (default: one fewer than "
+                        "the cores this process may use, at least 1, at most one per physical core)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
@@ -278,7 +283,11 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    intra_op_threads, threads_from = cpu_threads.choose(args.threads)
+    cpu_threads.apply_before_torch(intra_op_threads)
     # torch loads only now, so that --help and bad options answer at once.
+    import torch
+
     from . import auth, ops
     from .device import ComputeDevice, parse_device
     from .service import Server
@@ -305,6 +314,8 @@ def main(argv: Optional[list] = None) -> int:
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
              "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
              args.max_clients, ",".join(namespaces))
+    torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
+    log.info("%d CPU threads for the kernels (%s)", intra_op_threads, threads_from)
     pool = server.pool.figures()
     log.info("device memory %d bytes for all clients; swap space %d bytes", pool[0], pool[1])
     if metrics is not None:

@@ -448,6 +448,7 @@ class Session(Receiving):
             "alloc_requests": self.executor.alloc_requests if self.executor else 0,
             "storages_made": self.executor.storages_made if self.executor else 0,
             "busy_ns": self.busy_ns,
+            "cpu_threads": torch.get_num_threads(),  # this thread's, which its kernels use (cpu_threads.py)
             # messages the C++ receive loop served (DPDK, TCP): (batches, reads, syncs)
             "fast_loop_served": list(self._fast.served()) if self._fast is not None else [0, 0, 0],
             "pending_error": self.pending is not None,
