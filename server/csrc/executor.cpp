@@ -286,27 +286,35 @@ void Executor::bind(const Template& t, std::vector<c10::IValue>& results, const 
     fail("op", "the op returned " + std::to_string(flat.size()) + " results, the client expects " +
                    std::to_string(t.n_outs));
   }
+  std::vector<Placement> places;
+  size_t k = 0;
+  for (const auto& hole : t.holes) {
+    if (hole.kind == Hole::kOut) {
+      places.push_back({static_cast<size_t>(hole.out), out_sids[k++], &hole.layout});
+    }
+  }
+  place(flat, places, touched);
+}
+
+void Executor::place(const std::vector<c10::IValue>& results, const std::vector<Placement>& places,
+                     const std::vector<int64_t>& touched) {
   std::unordered_set<const void*> inputs, taken;
   for (const auto sid : touched) {
     if (const auto* s = table_.find(sid)) {
       inputs.insert(s->data());
     }
   }
-  size_t k = 0;
-  for (const auto& hole : t.holes) {
-    if (hole.kind != Hole::kOut) {
-      continue;
-    }
-    const auto sid = out_sids[k++];
-    const auto& ref = hole.layout;
-    const auto& value = flat[hole.out];
+  for (const auto& p : places) {
+    const auto sid = p.sid;
+    const auto& ref = *p.layout;
+    const auto& value = results[p.result];
     if (!value.isTensor() || !value.toTensor().defined()) {
-      fail("op", "result " + std::to_string(hole.out) + " is " + (value.isNone() || value.isTensor() ? "NoneType" : value.tagKind()) +
-                     ", the client expects a tensor");
+      fail("op", "result " + std::to_string(p.result) + " is " +
+                     (value.isNone() || value.isTensor() ? "NoneType" : value.tagKind()) + ", the client expects a tensor");
     }
     const auto& result = value.toTensor();
     if (result.sizes() != c10::IntArrayRef(ref.sizes)) {
-      fail("op", "result " + std::to_string(hole.out) + " has shape " + shape_text(result.sizes()) +
+      fail("op", "result " + std::to_string(p.result) + " has shape " + shape_text(result.sizes()) +
                      ", the client expects " + shape_text(ref.sizes));
     }
     if (sid == 0 && ref.span == 0) {

@@ -226,6 +226,18 @@ class Executor {
 
   at::Tensor view(const c10::Storage& storage, const Layout& layout) const;
 
+  // Where a result goes: flat result `result` into storage `sid`, with `layout`.
+  struct Placement {
+    size_t result;
+    int64_t sid;
+    const Layout* layout;
+  };
+  // Places `results` as the client's references promise (executor.py's _bind): a fresh
+  // storage is swapped in under its id, anything else is copied into it. The storages
+  // of `touched` (the op's inputs) are never taken over.
+  void place(const std::vector<c10::IValue>& results, const std::vector<Placement>& places,
+             const std::vector<int64_t>& touched);
+
  private:
   const c10::Storage& input(int64_t sid, const Layout& layout, c10::Storage& scratch);
   void bind(const Template& t, std::vector<c10::IValue>& results, const std::vector<int64_t>& out_sids,

@@ -246,6 +246,28 @@ def test_run_graph_runs_and_reruns_by_id(client):
     torch.testing.assert_close(client.download(again), b * b + a)
 
 
+def test_graph_results_unlike_their_promise_are_errors_at_the_next_sync(client):
+    """A graph's results are placed as its outs promise (in C++): a wrong shape, more outs
+    than results or a result that is no tensor is an op error at the next sync, and
+    the session goes on."""
+    g = lambda i: Ext(torch_values.GRAPH_VALUE, i)  # noqa: E731
+    a = torch.randn(5)
+    ra = client.upload(a)
+    nodes = (("aten::mul.Tensor", (g(0), g(0)), {}), ("aten::sum", (g(1),), {}), ("aten::sym_size.int", (g(0), 0), {}))
+    for n, (outputs, outs, why) in enumerate((
+            ((g(1),), (client.empty((4,)),), "result 0 has shape (5,), the client expects (4,)"),
+            ((g(1),), (client.empty((5,)), client.empty(())), "the op returned 1 results, the client expects 2"),
+            ((g(3),), (client.empty(()),), "result 0 is int, the client expects a tensor"))):
+        client.send(m.RunGraph(20 + n, nodes, encode_arg((ra,)), outputs, encode_arg(outs)))
+        with pytest.raises(RemoteOpError) as info:
+            client.sync()
+        assert info.value.kind == "op" and why in str(info.value)
+    square, total = client.empty((5,)), client.empty(())
+    client.send(m.RunGraph(30, nodes[:2], encode_arg((ra,)), (g(1), g(2)), encode_arg((square, total))))
+    torch.testing.assert_close(client.download(square), a * a)
+    torch.testing.assert_close(client.download(total), (a * a).sum())
+
+
 def test_rng_state_round_trip(client):
     state = client.request(m.Rng("get", None))[0].state
     x = client.upload(torch.zeros(6))
