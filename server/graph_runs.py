@@ -17,7 +17,7 @@ from . import ops
 from .exec_values import flatten
 from .failure import BAD_HANDLE, Failure
 from .graphs import CompiledGraph, value_signature
-from .storage import parse_ref
+from .storage import TensorRef, ref_parts
 
 #: Graphs kept per session for reruns by id, and the nodes they may hold together.
 MAX_GRAPHS = 256
@@ -37,7 +37,7 @@ class GraphRuns:
                 self._sync_default_stream(msg.stream)
             signature: list = []
             values = self._graph_inputs(msg.inputs, touched, signature)
-            refs = self._plan_outs(msg.outs)
+            out_sids, out_layouts = self._graph_outs(msg.outs)
             if compiled is not None and len(values) == compiled.n_inputs and outputs == compiled.outputs:
                 extras = self._graph_inputs(compiled.extras, touched, signature)
                 flat = flatten(self.graphs.run(compiled, values, extras, self.generators,
@@ -48,7 +48,7 @@ class GraphRuns:
                 flat = self._replay(msg.graph_id, nodes, outputs, values, touched)
             # results placed in C++ (about 5 us a result in Python; a forward has ~60); the
             # storages of `touched`, the graph's inputs, are never taken over
-            self.native.bind_graph(flat, refs, touched)
+            self.native.bind_graph(flat, out_sids, out_layouts, touched)
         except BaseException:
             self.mark_failed(msg.outs)
             self._resync_quietly(touched)
@@ -57,25 +57,48 @@ class GraphRuns:
 
     def _graph_inputs(self, wire: tuple, touched: list, signature: list) -> list:
         """A graph's inputs, and what compiled code is keyed by (graphs.signature) appended
-        to `signature`. Storage references, most of a graph's inputs, take a short way:
-        decoding a graph call's ~100 of them was a tenth of a compiled step's server time."""
+        to `signature`. Storage references, most of a graph's inputs, take a short way
+        (storage.ref_parts, one C++ call for their views): decoding a graph call's ~100 of
+        them was a tenth of a compiled step's server time."""
         values: list = []
-        refs, slots = [], []
+        sids, layouts, slots = [], [], []
         for v in wire:
             if type(v) is Ext and v.code == torch_values.TENSOR:
-                ref = parse_ref(v.value)
-                touched.append(ref.sid)
-                refs.append(ref)
+                sid, layout = ref_parts(v.value)
+                touched.append(sid)
+                sids.append(sid)
+                layouts.append(layout)
                 slots.append(len(values))
                 values.append(None)
-                signature.append((ref.dtype, ref.shape, ref.stride, ref.flags))
+                signature.append(layout[6])
             else:
                 value = self.decode(v, touched)
                 values.append(value)
                 signature.append(value_signature(value))
-        for slot, ref, t in zip(slots, refs, self.native.views(refs) if refs else ()):
-            values[slot] = t if t is not None else self._tensor(ref)  # which says what is wrong
+        if sids:
+            for slot, sid, layout, t in zip(slots, sids, layouts, self.native.views(sids, layouts)):
+                # None: Python's StorageTable.tensor says what is wrong
+                values[slot] = t if t is not None else self._tensor(TensorRef(sid, *layout[:6]))
         return values
+
+    def _graph_outs(self, outs: tuple) -> tuple:
+        """The outs' (sids, layouts), None for an out the client keeps no handle of; refuses,
+        before running, outputs over the memory limit (as _plan_outs)."""
+        sids, layouts, need = [], [], 0
+        for out in outs:
+            if out is None:
+                sids.append(None)
+                layouts.append(None)
+                continue
+            if type(out) is not Ext or out.code != torch_values.TENSOR:
+                raise ProtocolError("RunGraph outs must be tensor references or None")
+            sid, layout = ref_parts(out.value)
+            if sid not in self.table:
+                need += layout[5]
+            sids.append(sid)
+            layouts.append(layout)
+        self.table.check_fits(need)
+        return sids, layouts
 
     def _replay(self, graph_id: int, nodes: tuple, outputs: tuple, values: list, touched: list) -> list:
         for k, node in enumerate(nodes):

@@ -55,6 +55,23 @@ def parse_ref(value: Any) -> TensorRef:
     return TensorRef(value[0], *layout)
 
 
+def ref_parts(value: Any) -> tuple:
+    """parse_ref without the TensorRef, for graph calls (30 to 250 references a call):
+    (sid, layout), layout being the TensorRef's fields after sid and then the key compiled
+    code is kept by (dtype, shape, stride, flags: see graphs.value_signature)."""
+    if type(value) is not tuple or len(value) != 6 or type(value[0]) is not int:
+        raise ProtocolError("malformed tensor reference")
+    try:
+        return value[0], _keyed_cached(value[1:])
+    except TypeError:  # unhashable: malformed, which _keyed says
+        return value[0], _keyed(value[1:])
+
+
+def _keyed(layout: Any) -> tuple:
+    dtype, shape, stride, offset, flags, span = _parse(layout)
+    return dtype, shape, stride, offset, flags, span, (dtype, shape, stride, flags)
+
+
 def _parse(layout: Any) -> tuple:
     """A reference's layout (all but its storage id) checked: the TensorRef fields after sid."""
     dtype, shape, stride, offset, flags = layout
@@ -76,6 +93,7 @@ def _parse(layout: Any) -> tuple:
 # a graph's fresh outputs would push the weights out). Errors are not cached (lru_cache
 # lets them through).
 _parse_cached = functools.lru_cache(maxsize=4096)(_parse)
+_keyed_cached = functools.lru_cache(maxsize=4096)(_keyed)
 
 
 def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsize: int) -> int:

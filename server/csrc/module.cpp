@@ -44,17 +44,19 @@ Layout layout_of(const py::tuple& spec, size_t first) {
   return l;
 }
 
-// A compiled graph's inputs: its storage references (parsed TensorRefs) as tensors, None
-// where Python must look closer (storage 0, an unknown or failed storage, one too small
-// for the view). Through StorageTable.tensor each cost about 5 us, and a graph call
-// names 30 to 250 of them. Storages stay pinned until unpin(), as with get().
-py::list views(Executor& s, const py::sequence& refs) {
-  const size_t n = refs.size();
+// A compiled graph's inputs: its storage references (sids and layouts from storage.ref_parts)
+// as tensors, None where Python must look closer (storage 0, an unknown or failed storage,
+// one too small for the view). Through StorageTable.tensor each cost about 5 us, and a graph
+// call names 30 to 250 of them. Storages stay pinned until unpin(), as with get().
+py::list views(Executor& s, const std::vector<int64_t>& sids, const py::sequence& layouts) {
+  const size_t n = sids.size();
+  if (layouts.size() != n) {
+    throw std::invalid_argument("views: as many layouts as storage ids");
+  }
   py::list out(n);
   for (size_t i = 0; i < n; ++i) {
-    const auto ref = refs[i].cast<py::tuple>();
-    const auto sid = ref[0].cast<int64_t>();
-    const Layout layout = layout_of(ref, 1);
+    const auto sid = sids[i];
+    const Layout layout = layout_of(layouts[i].cast<py::tuple>(), 0);
     const c10::Storage* storage = sid == 0 ? nullptr : s.table().resident(sid);
     if (storage == nullptr || layout.span > static_cast<int64_t>(storage->nbytes())) {
       out[i] = py::none();
@@ -65,23 +67,27 @@ py::list views(Executor& s, const py::sequence& refs) {
   return out;
 }
 
-// A graph's results placed as its RunGraph's outs promise (`refs`: parsed TensorRefs or
-// None), the storages of `touched` (its inputs) never taken over: executor.py's _bind in
-// C++, which cost about 5 us a result in Python, and a forward call has about 60.
-void bind_graph(Executor& s, const py::sequence& results, const py::sequence& refs,
+// A graph's results placed as its RunGraph's outs promise (`sids` and `layouts` from
+// storage.ref_parts, None for an out the client keeps no handle of), the storages of
+// `touched` (its inputs) never taken over: executor.py's _bind in C++, which cost about
+// 5 us a result in Python, and a forward call has about 60.
+void bind_graph(Executor& s, const py::sequence& results, const py::sequence& sids, const py::sequence& layouts,
                 const std::vector<int64_t>& touched) {
-  const size_t n = refs.size();
+  const size_t n = sids.size();
+  if (layouts.size() != n) {
+    throw std::invalid_argument("bind_graph: as many layouts as storage ids");
+  }
   if (n > results.size()) {
     fail("op", "the op returned " + std::to_string(results.size()) + " results, the client expects " +
                    std::to_string(n));
   }
   std::vector<c10::IValue> values(n);
-  std::vector<Layout> layouts;
-  layouts.reserve(n);
+  std::vector<Layout> parsed;
+  parsed.reserve(n);  // no reallocation: places point into it
   std::vector<Executor::Placement> places;
   for (size_t i = 0; i < n; ++i) {
-    const py::object ref = refs[i];
-    if (ref.is_none()) {
+    const py::object sid = sids[i];
+    if (sid.is_none()) {
       continue;
     }
     const py::object value = results[i];
@@ -90,9 +96,8 @@ void bind_graph(Executor& s, const py::sequence& results, const py::sequence& re
                      ", the client expects a tensor");
     }
     values[i] = THPVariable_Unpack(value.ptr());
-    const auto spec = ref.cast<py::tuple>();
-    layouts.push_back(layout_of(spec, 1));
-    places.push_back({i, spec[0].cast<int64_t>(), &layouts.back()});
+    parsed.push_back(layout_of(layouts[i].cast<py::tuple>(), 0));
+    places.push_back({i, sid.cast<int64_t>(), &parsed.back()});
   }
   s.place(values, places, touched);
 }
@@ -261,8 +266,8 @@ PYBIND11_MODULE(_native, m) {
         if (storage == nullptr) return std::nullopt;
         return bytes_of(*storage);
       })
-      .def("views", &views)
-      .def("bind_graph", &bind_graph, py::arg("results"), py::arg("refs"), py::arg("touched"))
+      .def("views", &views, py::arg("sids"), py::arg("layouts"))
+      .def("bind_graph", &bind_graph, py::arg("results"), py::arg("sids"), py::arg("layouts"), py::arg("touched"))
       .def("free", [](Executor& s, int64_t sid) { return s.table().free(sid); })
       .def("clear", [](Executor& s) { return s.table().clear(); })
       .def("resync", [](Executor& s, const std::vector<int64_t>& sids) { s.table().resync(sids.data(), sids.size()); })
