@@ -1,18 +1,20 @@
 """Compiled training step: remote (the server compiles the graphs) vs local eager CPU.
 
-    python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N]
+    python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N] [--rounds N]
 
 The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128, batch
-8x32, AdamW), medians in one run of: local eager CPU (torch's threads as they are, and
-one thread: OpenMP's spinning threads swing the former on a shared 2-core host), local
-Inductor, and the model `torch.compile(backend="remote_accel")`d with the server
-replaying its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0), running them compiled
-by Inductor, and with AdamW's step compiled too; and forward + backward alone (no
-optimizer step), local and remote, for what AdamW's step costs. Remote steps are timed once the server
-has compiled every graph. The server runs on CPU (or on $REMOTE_ACCEL_TEST_DEVICE);
-compile times are in its log. The local steps run in a process of their own with
-OpenMP's default wait policy, as a user's training script has it (an OMP_WAIT_POLICY
-given to this script applies to the remote side alone: the server's own default is PASSIVE)."""
+8x32, AdamW), medians of --steps steps of: local eager CPU (torch's threads as they are,
+and one thread), local Inductor, and the model `torch.compile(backend="remote_accel")`d
+with the server replaying its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0),
+running them compiled by Inductor, and with AdamW's step compiled too; and forward +
+backward alone (no optimizer step), local and remote, for what AdamW's step costs.
+Remote steps are timed once the server has compiled every graph. The server runs on CPU
+(or on $REMOTE_ACCEL_TEST_DEVICE); compile times are in its log. Each run happens in a
+process of its own, local and remote runs alternate for --rounds rounds (a slow spell
+of a shared host hits both), and the figures are the medians over the rounds, with each
+round's ratio to local eager. The local runs have OpenMP's default wait policy, as a
+user's training script has it (an OMP_WAIT_POLICY given to this script applies to the
+remote runs alone; the server's own default is PASSIVE)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -101,7 +104,7 @@ def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimi
 
 
 def _local_steps(model, steps: int) -> dict:
-    """The local steps, in seconds (run in a process of its own, see _local_child)."""
+    """The local steps, in seconds (run in a process of its own, see main)."""
     return {
         "local": _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False), steps),
         "local_no_opt": _time(_step_fn(copy.deepcopy(model), "cpu", compiled=False, opt_step_too=False), steps,
@@ -112,16 +115,23 @@ def _local_steps(model, steps: int) -> dict:
     }
 
 
-def _local_child(steps: int) -> dict:
-    """_local_steps in a child process with OpenMP's default wait policy: PASSIVE (which
-    the server needs on a shared host) makes every parallel region of a local eager step
-    wake sleeping threads, 12 ms instead of 7.5 on 2 cores."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    child = subprocess.run([sys.executable, __file__, "--steps", str(steps), "--side", "local"], env=env,
-                           capture_output=True, text=True)
+#: The remote runs, each in a process of its own (DPDK's EAL starts once per process, on
+#: the first server's memif socket): name -> _remote_step's keyword arguments.
+REMOTE_RUNS = {
+    "replayed": dict(compile_graphs=False),
+    "compiled": dict(compile_graphs=True),
+    "with_opt": dict(compile_graphs=True, optimizer=True),
+    "no_opt": dict(compile_graphs=True, opt_step_too=False),
+}
+
+
+def _child(side: str, steps: int, transport: str, env: dict) -> dict:
+    """This script's `side` part in a process of its own: its JSON line."""
+    child = subprocess.run([sys.executable, __file__, "--steps", str(steps), "--transport", transport,
+                            "--side", side], env=env, capture_output=True, text=True)
     lines = child.stdout.strip().splitlines()
     if child.returncode != 0 or not lines:
-        raise SystemExit(f"the local run failed (rc {child.returncode}):\n{child.stderr[-3000:]}")
+        raise SystemExit(f"the {side} run failed (rc {child.returncode}):\n{child.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
@@ -129,33 +139,45 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--side", choices=("local",), help=argparse.SUPPRESS)  # the child process's part
+    parser.add_argument("--rounds", type=int, default=3, help="local and remote runs alternate this many times")
+    parser.add_argument("--side", choices=("local", *REMOTE_RUNS), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TinyTransformer()
     if args.side == "local":
         print(json.dumps(_local_steps(model, args.steps)))
         return 0
-    # remote first: remote_accel.init must come before the process's first backward()
-    replayed, _ = _remote_step(model, args.transport, args.steps, compile_graphs=False)
-    compiled, stats = _remote_step(model, args.transport, args.steps, compile_graphs=True)
-    with_opt, opt_stats = _remote_step(model, args.transport, args.steps, compile_graphs=True, optimizer=True)
-    no_opt, _ = _remote_step(model, args.transport, args.steps, compile_graphs=True, opt_step_too=False)
-    local = _local_child(args.steps)
-    local_eager, local_1 = local["local"], local["local_1"]
-    rows = ((f"local eager CPU ({local['threads']} threads)", local_eager), ("local eager CPU, 1 thread", local_1),
-            ("local compiled CPU (Inductor, model)", local["local_compiled"]),
-            ("remote compiled model, graphs replayed", replayed),
-            ("remote compiled model, graphs compiled", compiled),
-            ("remote compiled model and AdamW step", with_opt),
-            ("local eager CPU, 1 thread, no optimizer step", local["local_no_opt"]),
-            ("remote compiled model, no optimizer step", no_opt))
-    print(f"transport: {args.transport}; tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps; "
-          f"local steps in a process of their own, OpenMP's default wait policy")
-    for name, seconds in rows:
+    if args.side is not None:
+        seconds, stats = _remote_step(model, args.transport, args.steps, **REMOTE_RUNS[args.side])
+        print(json.dumps({"seconds": seconds, "stats": stats}))
+        return 0
+    # OpenMP's default wait policy for the local runs: PASSIVE (which the server needs on a
+    # shared host) makes every parallel region of a local eager step wake sleeping threads
+    local_env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    rounds: list = []  # local and remote alternate, so that a slow spell of the host hits both
+    for _ in range(args.rounds):
+        rounds.append({"local": _child("local", args.steps, args.transport, local_env),
+                       **{name: _child(name, args.steps, args.transport, dict(os.environ)) for name in REMOTE_RUNS}})
+    median = lambda pick: statistics.median(pick(r) for r in rounds)  # noqa: E731
+    local_eager, local_1 = median(lambda r: r["local"]["local"]), median(lambda r: r["local"]["local_1"])
+    rows = ((f"local eager CPU ({rounds[0]['local']['threads']} threads)", lambda r: r["local"]["local"]),
+            ("local eager CPU, 1 thread", lambda r: r["local"]["local_1"]),
+            ("local compiled CPU (Inductor, model)", lambda r: r["local"]["local_compiled"]),
+            ("remote compiled model, graphs replayed", lambda r: r["replayed"]["seconds"]),
+            ("remote compiled model, graphs compiled", lambda r: r["compiled"]["seconds"]),
+            ("remote compiled model and AdamW step", lambda r: r["with_opt"]["seconds"]),
+            ("local eager CPU, 1 thread, no optimizer step", lambda r: r["local"]["local_no_opt"]),
+            ("remote compiled model, no optimizer step", lambda r: r["no_opt"]["seconds"]))
+    print(f"transport: {args.transport}; tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps, "
+          f"then of {args.rounds} rounds; each run in a process of its own, the local ones with OpenMP's "
+          "default wait policy; [per-round ratios to local eager]")
+    for name, pick in rows:
+        seconds = median(pick)
+        ratios = ", ".join(f"{pick(r) / r['local']['local']:.2f}" for r in rounds)
         print(f"step time {name + ':':46s} {seconds * 1e3:8.2f} ms  ({seconds / local_eager:.2f}x local eager, "
-              f"{seconds / local_1:.2f}x on 1 thread)")
-    print(f"server graph figures: {stats}; with the optimizer: {opt_stats}")
+              f"{seconds / local_1:.2f}x on 1 thread) [{ratios}]")
+    remote = rounds[-1]
+    print(f"server graph figures: {remote['compiled']['stats']}; with the optimizer: {remote['with_opt']['stats']}")
     return 0
 
 
