@@ -1,6 +1,6 @@
 """Compiled training step: remote (the server compiles the graphs) vs local eager CPU.
 
-    python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N] [--rounds N]
+    python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N] [--rounds N] [--server-threads N]
 
 The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128, batch
 8x32, AdamW), medians of --steps steps of: local eager CPU (torch's threads as they are,
@@ -83,9 +83,10 @@ def _time(fn, n: int, threads: int = 0) -> float:
 
 
 def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False,
-                 opt_step_too: bool = True) -> tuple[float, dict]:
+                 opt_step_too: bool = True, server_threads: int = 0) -> tuple[float, dict]:
     env = {"REMOTE_ACCEL_COMPILE_GRAPHS": "1" if compile_graphs else "0"}
-    with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", env=env) as server:
+    threads = ("--threads", str(server_threads)) if server_threads else ()
+    with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", *threads, env=env) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())
         # a long compile in the server shares its GIL: allow syncs more than the default 10 s
@@ -125,10 +126,11 @@ REMOTE_RUNS = {
 }
 
 
-def _child(side: str, steps: int, transport: str, env: dict) -> dict:
+def _child(side: str, args: argparse.Namespace, env: dict) -> dict:
     """This script's `side` part in a process of its own: its JSON line."""
-    child = subprocess.run([sys.executable, __file__, "--steps", str(steps), "--transport", transport,
-                            "--side", side], env=env, capture_output=True, text=True)
+    child = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--transport", args.transport,
+                            "--server-threads", str(args.server_threads), "--side", side], env=env,
+                           capture_output=True, text=True)
     lines = child.stdout.strip().splitlines()
     if child.returncode != 0 or not lines:
         raise SystemExit(f"the {side} run failed (rc {child.returncode}):\n{child.stderr[-3000:]}")
@@ -140,6 +142,9 @@ def main() -> int:
     parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="local and remote runs alternate this many times")
+    parser.add_argument("--server-threads", type=int, default=0, metavar="N",
+                        help="the server's --threads (default: the server's own default, torch's); on a host "
+                             "shared with the client, fewer threads than cores run this model much faster")
     parser.add_argument("--side", choices=("local", *REMOTE_RUNS), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -148,7 +153,8 @@ def main() -> int:
         print(json.dumps(_local_steps(model, args.steps)))
         return 0
     if args.side is not None:
-        seconds, stats = _remote_step(model, args.transport, args.steps, **REMOTE_RUNS[args.side])
+        seconds, stats = _remote_step(model, args.transport, args.steps, server_threads=args.server_threads,
+                                      **REMOTE_RUNS[args.side])
         print(json.dumps({"seconds": seconds, "stats": stats}))
         return 0
     # OpenMP's default wait policy for the local runs: PASSIVE (which the server needs on a
@@ -156,8 +162,8 @@ def main() -> int:
     local_env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     rounds: list = []  # local and remote alternate, so that a slow spell of the host hits both
     for _ in range(args.rounds):
-        rounds.append({"local": _child("local", args.steps, args.transport, local_env),
-                       **{name: _child(name, args.steps, args.transport, dict(os.environ)) for name in REMOTE_RUNS}})
+        rounds.append({"local": _child("local", args, local_env),
+                       **{name: _child(name, args, dict(os.environ)) for name in REMOTE_RUNS}})
     median = lambda pick: statistics.median(pick(r) for r in rounds)  # noqa: E731
     local_eager, local_1 = median(lambda r: r["local"]["local"]), median(lambda r: r["local"]["local_1"])
     rows = ((f"local eager CPU ({rounds[0]['local']['threads']} threads)", lambda r: r["local"]["local"]),
@@ -168,7 +174,8 @@ def main() -> int:
             ("remote compiled model and AdamW step", lambda r: r["with_opt"]["seconds"]),
             ("local eager CPU, 1 thread, no optimizer step", lambda r: r["local"]["local_no_opt"]),
             ("remote compiled model, no optimizer step", lambda r: r["no_opt"]["seconds"]))
-    print(f"transport: {args.transport}; tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps, "
+    print(f"transport: {args.transport}; server threads: {args.server_threads or 'its default'}; "
+          f"tiny Transformer, batch 8x32, AdamW; medians of {args.steps} steps, "
           f"then of {args.rounds} rounds; each run in a process of its own, the local ones with OpenMP's "
           "default wait policy; [per-round ratios to local eager]")
     for name, pick in rows:

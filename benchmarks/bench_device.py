@@ -1,6 +1,6 @@
 """Cost of the remote_accel device against local CPU, measured side by side in one run.
 
-    python benchmarks/bench_device.py [--transport tcp|dpdk|both] [--steps N]
+    python benchmarks/bench_device.py [--transport tcp|dpdk|both] [--steps N] [--server-threads N]
 
 Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) per transport (each in a
 process of its own with `both`, the default) and reports: the tiny-op chain (40,000
@@ -142,10 +142,11 @@ def _transformer_step_fn(device):
     return step
 
 
-def measure(transport_name: str, steps: int, sync_only: bool = False) -> dict:
+def measure(transport_name: str, steps: int, sync_only: bool = False, server_threads: int = 0) -> dict:
     # the server always serves TCP too: its address is how the fixture knows it is up
     transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"
-    with ServerProcess("--transport", transport) as server:
+    threads = ("--threads", str(server_threads)) if server_threads else ()
+    with ServerProcess("--transport", transport, *threads) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
         unconnected = sync_points.idle_matmuls()
@@ -262,16 +263,20 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per transport, for machines")
     parser.add_argument("--sync-only", action="store_true",
                         help="only the sync points, the generate ratio and the idle-client cost")
+    parser.add_argument("--server-threads", type=int, default=0, metavar="N",
+                        help="the server's --threads (default: the server's own default, torch's); on a host "
+                             "shared with the client, fewer threads than cores run small models much faster")
     args = parser.parse_args()
     if args.transport != "both":
-        result = measure(args.transport, args.steps, args.sync_only)
+        result = measure(args.transport, args.steps, args.sync_only, args.server_threads)
         print(json.dumps(result) if args.json else "\n".join(f"{n:48s} {_cell(f, result)}" for n, f in ROWS))
         return 0
     # A process per transport: the device and DPDK's EAL are set up once per process.
     results = []
     for transport in ("tcp", "dpdk"):
         child = subprocess.run([sys.executable, __file__, "--transport", transport, "--steps", str(args.steps),
-                                "--json"] + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
+                                "--server-threads", str(args.server_threads), "--json"]
+                               + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
         lines = child.stdout.strip().splitlines()
         if child.returncode != 0 or not lines:
             print(f"{transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)

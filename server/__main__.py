@@ -169,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "exits with status 2. auto: torchvision where it imports; none: aten only (default: auto)")
     p.add_argument("--threads", type=_int_range(1, 4096), default=None, metavar="N",
                    help="CPU threads for the device's kernels (torch's intra-op threads), 1..4096; an "
-                        "OMP_NUM_THREADS the server starts with counts as this (default: one fewer than "
-                        "the cores this process may use, at least 1, at most one per physical core)")
+                        "OMP_NUM_THREADS the server starts with counts as this. On a host shared with its "
+                        "clients fewer threads than cores run small models much faster (default: torch's, as "
+                        "in a local process, so that a CPU server computes what local CPU computes)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="(default: info)")
     p.add_argument("--version", action="version", version=f"remote-accel-server {__version__}")
@@ -314,8 +315,9 @@ def main(argv: Optional[list] = None) -> int:
     log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
              "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
              args.max_clients, ",".join(namespaces))
-    torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
-    log.info("%d CPU threads for the kernels (%s)", intra_op_threads, threads_from)
+    if intra_op_threads is not None:
+        torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
+    log.info("%d CPU threads for the kernels (%s)", torch.get_num_threads(), threads_from)
     pool = server.pool.figures()
     log.info("device memory %d bytes for all clients; swap space %d bytes", pool[0], pool[1])
     if metrics is not None:

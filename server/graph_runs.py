@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-
 from ..dataplane.codec import Ext
 from ..dataplane.messages import RunGraph
 from ..errors import ProtocolError

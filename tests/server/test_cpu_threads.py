@@ -1,4 +1,4 @@
-"""How many CPU threads the server's kernels use: --threads, OMP_NUM_THREADS, the default."""
+"""How many CPU threads the server's kernels use: --threads, OMP_NUM_THREADS, torch's default."""
 
 from __future__ import annotations
 
@@ -10,27 +10,17 @@ from remote_accel.server import cpu_threads
 from remote_accel.server.testing import ServerProcess
 
 
-def test_the_default_leaves_a_core_and_takes_one_thread_per_physical_core():
-    assert cpu_threads.default_threads({0}, cores=1) == 1
-    assert cpu_threads.default_threads({0, 1}, cores=1) == 1  # two SMT siblings
-    assert cpu_threads.default_threads({0, 1}, cores=2) == 1
-    assert cpu_threads.default_threads(set(range(4)), cores=4) == 3
-    assert cpu_threads.default_threads(set(range(16)), cores=8) == 8  # SMT: no more than the cores
-    cpus = cpu_threads.usable_cpus()
-    assert 1 <= cpu_threads.physical_cores(cpus) <= len(cpus)
-
-
-def test_the_flag_wins_then_the_environment_then_the_default():
+def test_the_flag_wins_then_the_environment_then_torchs_default():
     assert cpu_threads.choose(3, {"OMP_NUM_THREADS": "5"}) == (3, "--threads")
     assert cpu_threads.choose(None, {"OMP_NUM_THREADS": "5"}) == (5, "OMP_NUM_THREADS")
-    for unusable in ("", "0", "-2", "4,2", "many"):  # not a plain count: the default
-        assert cpu_threads.choose(None, {"OMP_NUM_THREADS": unusable})[0] == cpu_threads.default_threads()
+    for unusable in ("", "0", "-2", "4,2", "many"):  # not a plain count: torch's default
+        assert cpu_threads.choose(None, {"OMP_NUM_THREADS": unusable}) == (None, cpu_threads.TORCH_DEFAULT)
 
 
 @pytest.mark.parametrize("options, env, expected", [
-    ((), {}, None),  # None: the default for this machine
+    ((), {}, None),  # None: torch's default, as this (local) process has it
     (("--threads", "3"), {"OMP_NUM_THREADS": "1"}, 3),
-    ((), {"OMP_NUM_THREADS": "2"}, 2),
+    ((), {"OMP_NUM_THREADS": "1"}, 1),
 ], ids=["default", "flag", "environment"])
 def test_a_server_runs_its_kernels_on_the_threads_it_was_given(monkeypatch, options, env, expected):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -44,4 +34,4 @@ def test_a_server_runs_its_kernels_on_the_threads_it_was_given(monkeypatch, opti
             remote_accel.shutdown()
         with open(server.log_file) as f:
             assert f"{threads} CPU threads for the kernels" in f.read()
-    assert threads == (cpu_threads.default_threads() if expected is None else expected)
+    assert threads == (torch.get_num_threads() if expected is None else expected)
