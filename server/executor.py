@@ -33,7 +33,7 @@ from .failure import BAD_HANDLE, OP, Failure
 from .graph_runs import GraphRuns
 from .graphs import CompiledGraph, GraphCompiler
 from .rng import Generators
-from .storage import EMPTY_SID, StorageTable, TensorRef, is_sid, parse_ref
+from .storage import EMPTY_SID, StorageTable, TensorRef, is_sid, parse_ref, ref_parts
 
 #: Plans kept per session (RunOp.plan), the oldest dropped first: a client keeps fewer.
 MAX_PLANS = 1 << 16
@@ -338,20 +338,28 @@ class Executor(GraphRuns):
                     raise Failure(BAD_HANDLE, f"storage {sid} already exists")
 
     def _plan_outs(self, outs: tuple) -> list:
-        """Parse the promised layouts and refuse, before running, outputs over the limit."""
-        refs, need = [], 0
+        """Parse the promised layouts (TensorRefs, None for an out the client keeps no handle
+        of) and refuse, before running, outputs over the limit."""
+        return [None if sid is None else TensorRef(sid, *layout[:6]) for sid, layout in zip(*self._out_parts(outs))]
+
+    def _out_parts(self, outs: tuple) -> tuple:
+        """_plan_outs as (sids, layouts) of storage.ref_parts, None for an out the client
+        keeps no handle of: what the C++ placement of a graph's results takes."""
+        sids, layouts, need = [], [], 0
         for out in outs:
             if out is None:
-                refs.append(None)
+                sids.append(None)
+                layouts.append(None)
                 continue
             if type(out) is not Ext or out.code != torch_values.TENSOR:
-                raise ProtocolError("RunOp outs must be tensor references or None")
-            ref = parse_ref(out.value)
-            if ref.sid not in self.table:
-                need += ref.span
-            refs.append(ref)
+                raise ProtocolError("op outs must be tensor references or None")
+            sid, layout = ref_parts(out.value)
+            if sid not in self.table:
+                need += layout[5]
+            sids.append(sid)
+            layouts.append(layout)
         self.table.check_fits(need)
-        return refs
+        return sids, layouts
 
     def _bind(self, flat: list, refs: list, touched: list, inputs: Optional[set] = None) -> None:
         """Place results as `refs` promise (see the module's docstring); returns None.

@@ -36,7 +36,7 @@ class GraphRuns:
                 self._sync_default_stream(msg.stream)
             signature: list = []
             values = self._graph_inputs(msg.inputs, touched, signature)
-            out_sids, out_layouts = self._graph_outs(msg.outs)
+            out_sids, out_layouts = self._out_parts(msg.outs)
             if compiled is not None and len(values) == compiled.n_inputs and outputs == compiled.outputs:
                 extras = self._graph_inputs(compiled.extras, touched, signature)
                 flat = flatten(self.graphs.run(compiled, values, extras, self.generators,
@@ -79,25 +79,6 @@ class GraphRuns:
                 # None: Python's StorageTable.tensor says what is wrong
                 values[slot] = t if t is not None else self._tensor(TensorRef(sid, *layout[:6]))
         return values
-
-    def _graph_outs(self, outs: tuple) -> tuple:
-        """The outs' (sids, layouts), None for an out the client keeps no handle of; refuses,
-        before running, outputs over the memory limit (as _plan_outs)."""
-        sids, layouts, need = [], [], 0
-        for out in outs:
-            if out is None:
-                sids.append(None)
-                layouts.append(None)
-                continue
-            if type(out) is not Ext or out.code != torch_values.TENSOR:
-                raise ProtocolError("RunGraph outs must be tensor references or None")
-            sid, layout = ref_parts(out.value)
-            if sid not in self.table:
-                need += layout[5]
-            sids.append(sid)
-            layouts.append(layout)
-        self.table.check_fits(need)
-        return sids, layouts
 
     def _replay(self, graph_id: int, nodes: tuple, outputs: tuple, values: list, touched: list) -> list:
         for k, node in enumerate(nodes):
