@@ -46,34 +46,25 @@ class TensorRef(NamedTuple):
 
 def parse_ref(value: Any) -> TensorRef:
     """The payload of a torch_values.TENSOR value, type-checked; ProtocolError otherwise."""
-    if type(value) is not tuple or len(value) != 6 or type(value[0]) is not int:
-        raise ProtocolError("malformed tensor reference")
-    try:
-        layout = _parse_cached(value[1:])
-    except TypeError:  # unhashable (lists inside): not worth caching, and malformed anyway
-        layout = _parse(value[1:])
-    return TensorRef(value[0], *layout)
+    sid, layout = ref_parts(value)
+    return TensorRef(sid, *layout[:6])
 
 
 def ref_parts(value: Any) -> tuple:
-    """parse_ref without the TensorRef, for graph calls (30 to 250 references a call):
-    (sid, layout), layout being the TensorRef's fields after sid and then the key compiled
-    code is kept by (dtype, shape, stride, flags: see graphs.value_signature)."""
+    """parse_ref without the TensorRef, where references come by the hundred (a graph call's
+    inputs and outs): (sid, layout), layout being the TensorRef's fields after sid and then
+    the key compiled code is kept by (dtype, shape, stride, flags: graphs.value_signature)."""
     if type(value) is not tuple or len(value) != 6 or type(value[0]) is not int:
         raise ProtocolError("malformed tensor reference")
     try:
-        return value[0], _keyed_cached(value[1:])
-    except TypeError:  # unhashable: malformed, which _keyed says
-        return value[0], _keyed(value[1:])
-
-
-def _keyed(layout: Any) -> tuple:
-    dtype, shape, stride, offset, flags, span = _parse(layout)
-    return dtype, shape, stride, offset, flags, span, (dtype, shape, stride, flags)
+        return value[0], _parse_cached(value[1:])
+    except TypeError:  # unhashable (lists inside): not worth caching, and malformed anyway
+        return value[0], _parse(value[1:])
 
 
 def _parse(layout: Any) -> tuple:
-    """A reference's layout (all but its storage id) checked: the TensorRef fields after sid."""
+    """A reference's layout (all but its storage id) checked: the TensorRef fields after sid,
+    then the key compiled code is kept by."""
     dtype, shape, stride, offset, flags = layout
     if type(offset) is not int or offset < 0 or type(flags) is not int:
         raise ProtocolError("malformed tensor reference")
@@ -84,7 +75,8 @@ def _parse(layout: Any) -> tuple:
     if len(stride) != len(shape):
         raise ProtocolError(f"stride {stride} does not match shape {shape}")
     dtype = torch_values.dtype_from_name(dtype)
-    return dtype, shape, stride, offset, flags, span_bytes(shape, stride, offset, dtype.itemsize)
+    span = span_bytes(shape, stride, offset, dtype.itemsize)
+    return dtype, shape, stride, offset, flags, span, (dtype, shape, stride, flags)
 
 
 # A client names the same few layouts over and over (weights, activations, fresh outputs
@@ -93,7 +85,6 @@ def _parse(layout: Any) -> tuple:
 # a graph's fresh outputs would push the weights out). Errors are not cached (lru_cache
 # lets them through).
 _parse_cached = functools.lru_cache(maxsize=4096)(_parse)
-_keyed_cached = functools.lru_cache(maxsize=4096)(_keyed)
 
 
 def span_bytes(shape: Iterable[int], stride: Iterable[int], offset: int, itemsize: int) -> int:
