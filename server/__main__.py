@@ -318,6 +318,7 @@ def main(argv: Optional[list] = None) -> int:
     if intra_op_threads is not None:
         torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
     log.info("%d CPU threads for the kernels (%s)", torch.get_num_threads(), threads_from)
+    _install_cpu_kernels()
     pool = server.pool.figures()
     log.info("device memory %d bytes for all clients; swap space %d bytes", pool[0], pool[1])
     if metrics is not None:
@@ -336,6 +337,18 @@ def main(argv: Optional[list] = None) -> int:
     server.shutdown()
     log.info("stopped")
     return 0
+
+
+def _install_cpu_kernels() -> None:
+    """The server's own CPU kernels, which give torch's numbers faster (csrc/cpu_bernoulli.cpp:
+    dropout's masks); REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0 keeps torch's (to compare)."""
+    if os.environ.get("REMOTE_ACCEL_SERVER_CPU_BERNOULLI", "1") == "0":
+        log.info("CPU bernoulli_: torch's kernel (REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0)")
+        return
+    from . import native
+
+    done = native.install_cpu_bernoulli()
+    log.info("CPU bernoulli_: %s", done or "torch's kernel (torch draws with MKL on this CPU)")
 
 
 if __name__ == "__main__":

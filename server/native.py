@@ -53,3 +53,6 @@ lock_default_generator = _native.lock_default_generator
 unlock_default_generator = _native.unlock_default_generator
 parse_read = _native.parse_read
 read_small = _native.read_small
+install_cpu_bernoulli = _native.install_cpu_bernoulli
+cpu_bernoulli_installed = _native.cpu_bernoulli_installed
+cpu_bernoulli_ = _native.cpu_bernoulli_  # the kernel itself, installed or not (tests)

@@ -449,6 +449,8 @@ class Session(Receiving):
             "storages_made": self.executor.storages_made if self.executor else 0,
             "busy_ns": self.busy_ns,
             "cpu_threads": torch.get_num_threads(),  # this thread's, which its kernels use (cpu_threads.py)
+            # whose kernel draws bernoulli_(p) (dropout's masks) on CPU tensors (csrc/cpu_bernoulli.cpp)
+            "cpu_bernoulli": "server" if native.cpu_bernoulli_installed() else "torch",
             # messages the C++ receive loop served (DPDK, TCP): (batches, reads, syncs)
             "fast_loop_served": list(self._fast.served()) if self._fast is not None else [0, 0, 0],
             "pending_error": self.pending is not None,

@@ -3,6 +3,7 @@
 #include "native.h"
 
 #include "codec.h"
+#include "cpu_bernoulli.h"
 #include "fast_loop.h"
 #include "tcp_link.h"
 
@@ -217,6 +218,12 @@ PYBIND11_MODULE(_native, m) {
     default_generator_mutex().lock();
   });
   m.def("unlock_default_generator", [] { default_generator_mutex().unlock(); });
+  m.def("install_cpu_bernoulli", &install_cpu_bernoulli);
+  m.def("cpu_bernoulli_installed", &cpu_bernoulli_installed);
+  m.def("cpu_bernoulli_", [](at::Tensor self, double p, std::optional<at::Generator> generator) {
+    py::gil_scoped_release no_gil;
+    return cpu_bernoulli_(self, p, std::move(generator));
+  }, py::arg("self"), py::arg("p"), py::arg("generator") = py::none());
   m.def("set_error_factory", [](py::object factory) {
     delete g_error_factory;
     g_error_factory = new py::object(std::move(factory));
