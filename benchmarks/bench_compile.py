@@ -6,8 +6,10 @@ The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128
 8x32, AdamW), medians of --steps steps of: local eager CPU (torch's threads as they are,
 and one thread), local Inductor, and the model `torch.compile(backend="remote_accel")`d
 with the server replaying its graphs node by node (REMOTE_ACCEL_COMPILE_GRAPHS=0),
-running them compiled by Inductor, and with AdamW's step compiled too; and forward +
-backward alone (no optimizer step), local and remote, for what AdamW's step costs.
+running them compiled by Inductor, and with AdamW's step compiled too (also with the
+server drawing dropout's masks with torch's CPU kernel instead of its own,
+REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0); and forward + backward alone (no optimizer step),
+local and remote, for what AdamW's step costs.
 Remote steps are timed once the server has compiled every graph. The server runs on CPU
 (or on $REMOTE_ACCEL_TEST_DEVICE); compile times are in its log. Each run happens in a
 process of its own, local and remote runs alternate for --rounds rounds (a slow spell
@@ -83,8 +85,11 @@ def _time(fn, n: int, threads: int = 0) -> float:
 
 
 def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimizer: bool = False,
-                 opt_step_too: bool = True, server_threads: int = 0) -> tuple[float, dict]:
+                 opt_step_too: bool = True, server_threads: int = 0,
+                 torch_bernoulli: bool = False) -> tuple[float, dict]:
     env = {"REMOTE_ACCEL_COMPILE_GRAPHS": "1" if compile_graphs else "0"}
+    if torch_bernoulli:  # dropout's masks from torch's CPU kernel instead of the server's
+        env["REMOTE_ACCEL_SERVER_CPU_BERNOULLI"] = "0"
     threads = ("--threads", str(server_threads)) if server_threads else ()
     with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", *threads, env=env) as server:
         host, port = server.tcp
@@ -122,6 +127,7 @@ REMOTE_RUNS = {
     "replayed": dict(compile_graphs=False),
     "compiled": dict(compile_graphs=True),
     "with_opt": dict(compile_graphs=True, optimizer=True),
+    "with_opt_torch_bernoulli": dict(compile_graphs=True, optimizer=True, torch_bernoulli=True),
     "no_opt": dict(compile_graphs=True, opt_step_too=False),
 }
 
@@ -172,6 +178,7 @@ def main() -> int:
             ("remote compiled model, graphs replayed", lambda r: r["replayed"]["seconds"]),
             ("remote compiled model, graphs compiled", lambda r: r["compiled"]["seconds"]),
             ("remote compiled model and AdamW step", lambda r: r["with_opt"]["seconds"]),
+            ("the same, server on torch's bernoulli_ kernel", lambda r: r["with_opt_torch_bernoulli"]["seconds"]),
             ("local eager CPU, 1 thread, no optimizer step", lambda r: r["local"]["local_no_opt"]),
             ("remote compiled model, no optimizer step", lambda r: r["no_opt"]["seconds"]))
     print(f"transport: {args.transport}; server threads: {args.server_threads or 'its default'}; "
