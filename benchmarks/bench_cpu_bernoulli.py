@@ -4,7 +4,7 @@
 
 Dropout's mask is bernoulli_(1 - p) on a tensor shaped like its input. Both kernels draw
 the same numbers from the same generator (tests/server/test_cpu_bernoulli.py); this times
-them side by side, alternating call by call, on the tiny Transformer's dropout shapes
+them side by side, timings of the two alternating, on the tiny Transformer's dropout shapes
 (batch 8x32, d_model 64, 4 heads, ff 128: issue #12's model) and on a larger one, in
 microseconds per call and nanoseconds per element, medians. Then whole-step figures are
 bench_compile.py's ("remote compiled model and AdamW step" with the server's kernel and
@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=200, help="calls per timing; 9 timings per kernel")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; p = 0.9 (dropout 0.1); "
-          "medians of 9 timings, the two kernels alternating")
+          "medians of 9 timings each, the two kernels' timings alternating")
     print(f"{'shape':32s} {'torch us':>10s} {'server us':>10s} {'torch ns/el':>12s} {'server ns/el':>13s} "
           f"{'speed-up':>9s}")
     for name, shape in SHAPES:
