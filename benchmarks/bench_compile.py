@@ -33,7 +33,8 @@ import torch.nn as nn
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
-from timing import median_seconds, wait_for_compiles  # noqa: E402  (this folder, beside the script)
+from timing import (  # noqa: E402  (this folder, beside the script)
+    add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
 from remote_accel.server.testing import ServerProcess
 
 
@@ -90,7 +91,7 @@ def _remote_step(model, transport: str, steps: int, compile_graphs: bool, optimi
     env = {"REMOTE_ACCEL_COMPILE_GRAPHS": "1" if compile_graphs else "0"}
     if torch_bernoulli:  # dropout's masks from torch's CPU kernel instead of the server's
         env["REMOTE_ACCEL_SERVER_CPU_BERNOULLI"] = "0"
-    threads = ("--threads", str(server_threads)) if server_threads else ()
+    threads = server_thread_options(server_threads)
     with ServerProcess("--transport", "tcp" if transport == "tcp" else "tcp,dpdk", *threads, env=env) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())
@@ -148,9 +149,7 @@ def main() -> int:
     parser.add_argument("--transport", choices=("tcp", "dpdk"), default="tcp")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="local and remote runs alternate this many times")
-    parser.add_argument("--server-threads", type=int, default=0, metavar="N",
-                        help="the server's --threads (default: the server's own default, torch's); on a host "
-                             "shared with the client, fewer threads than cores run this model much faster")
+    add_server_threads_option(parser)
     parser.add_argument("--side", choices=("local", *REMOTE_RUNS), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
     torch.manual_seed(0)

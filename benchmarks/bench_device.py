@@ -37,7 +37,8 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import ServerProcess
-from timing import median_seconds, wait_for_compiles  # noqa: E402  (this folder, beside the script)
+from timing import (  # noqa: E402  (this folder, beside the script)
+    add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
 
 import sync_points
 
@@ -145,7 +146,7 @@ def _transformer_step_fn(device):
 def measure(transport_name: str, steps: int, sync_only: bool = False, server_threads: int = 0) -> dict:
     # the server always serves TCP too: its address is how the fixture knows it is up
     transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"
-    threads = ("--threads", str(server_threads)) if server_threads else ()
+    threads = server_thread_options(server_threads)
     with ServerProcess("--transport", transport, *threads) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
@@ -263,9 +264,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per transport, for machines")
     parser.add_argument("--sync-only", action="store_true",
                         help="only the sync points, the generate ratio and the idle-client cost")
-    parser.add_argument("--server-threads", type=int, default=0, metavar="N",
-                        help="the server's --threads (default: the server's own default, torch's); on a host "
-                             "shared with the client, fewer threads than cores run small models much faster")
+    add_server_threads_option(parser)
     args = parser.parse_args()
     if args.transport != "both":
         result = measure(args.transport, args.steps, args.sync_only, args.server_threads)

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+
+
+def add_server_threads_option(parser: argparse.ArgumentParser) -> None:
+    """--server-threads N, passed on to the benchmark's server as its --threads."""
+    parser.add_argument("--server-threads", type=int, default=0, metavar="N",
+                        help="the server's --threads (default: the server's own default, torch's); on a host "
+                             "shared with the client, fewer threads than cores run small models much faster")
+
+
+def server_thread_options(server_threads: int) -> tuple:
+    """The server's command-line options for --server-threads N (none for 0: its default)."""
+    return ("--threads", str(server_threads)) if server_threads else ()
 
 
 def median_seconds(fn, n: int, warmup: int = 2) -> float:
