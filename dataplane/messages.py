@@ -230,6 +230,22 @@ class EmptyCache:
     pass
 
 
+@_message(MsgType.EVENT)
+class Event:
+    """torch.Event on the server device's timeline. "record" is one-way, in order with the
+    ops: the server notes when its device reaches it. "query", "synchronize" and
+    "elapsed" (milliseconds from `event_id` to `end`) are answered with an EventReply."""
+
+    action: str  # "record" | "query" | "synchronize" | "elapsed"
+    event_id: int
+    end: int = 0
+
+
+@_message(MsgType.EVENT_REPLY)
+class EventReply:
+    value: Any  # query: bool; elapsed: float milliseconds; synchronize: None
+
+
 # -- benchmarking -------------------------------------------------------------------------
 @_message(MsgType.ECHO)
 class Echo:

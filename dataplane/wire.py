@@ -64,6 +64,8 @@ class MsgType(enum.IntEnum):
     RNG = 50
     RNG_REPLY = 51
     EMPTY_CACHE = 52
+    EVENT = 53
+    EVENT_REPLY = 54
     # benchmarking: the peer answers ECHO with ECHO_REPLY carrying the same payloads
     ECHO = 64
     ECHO_REPLY = 65

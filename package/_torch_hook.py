@@ -9,6 +9,10 @@ finder on sys.meta_path registers the device right after torch has loaded.
 
 A server process (which imports remote_accel.server first) does not register it: its
 own torch device might be another PrivateUse1 backend. init() registers in any case.
+
+When torch itself imports remote_accel (its device-backend autoload, see _autoload),
+torch is still initialising: registering then is _autoload's decision, made from the
+environment, so that a process that names no server loads nothing more.
 """
 
 from __future__ import annotations
@@ -29,9 +33,15 @@ def skip() -> None:
     _skip = True
 
 
+def skipped() -> bool:
+    return _skip
+
+
 def install() -> None:
-    if "torch" in sys.modules:
-        _register()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if not getattr(getattr(torch, "__spec__", None), "_initializing", False):
+            _register()
     elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterTorch())
 

@@ -33,9 +33,11 @@ def register_device() -> None:
         if not hasattr(torch.Tensor, "is_remote_accel"):
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         fallback.register()
+        from . import device_hooks
         from .handles import install_generator_state_hooks
 
         install_generator_state_hooks()
+        device_hooks.install(native)
         printing.install()
         from .compile import register_backend
 
@@ -52,8 +54,9 @@ def _start_autograd_device_threads(native) -> None:
     too few queues, and ensure_autograd_queues adds the missing ones."""
     native.set_device_count(native.MAX_DEVICES)
     try:
-        leaf = torch.zeros((), requires_grad=True)
-        (leaf * 1).backward()
+        with torch.enable_grad():
+            leaf = torch.zeros((), requires_grad=True)
+            (leaf * 1).backward()
     finally:
         native.set_device_count(1)
     native.ensure_autograd_queues(native.MAX_DEVICES)
@@ -66,9 +69,12 @@ def check_autograd_queues(device_count: int) -> None:
     global _checked_up_to
     if device_count <= _checked_up_to:
         return
-    leaf = torch.zeros((), device=f"remote_accel:{device_count - 1}", requires_grad=True)
     try:
-        (leaf * 1).backward()
+        # init() may run inside no_grad: the first use of the device connects (autoload),
+        # and Module.to() converts its parameters under no_grad
+        with torch.enable_grad():
+            leaf = torch.zeros((), device=f"remote_accel:{device_count - 1}", requires_grad=True)
+            (leaf * 1).backward()
     except RuntimeError as exc:
         if "device_ready_queues_" not in str(exc):
             raise

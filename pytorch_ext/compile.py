@@ -1,4 +1,10 @@
-"""`torch.compile(model, backend="remote_accel")`: one message per graph call.
+"""`torch.compile(model)` on remote_accel: one message per graph call.
+
+`backend="remote_accel"` names this backend; torch.compile's default backend (Inductor)
+hands graphs over remote tensors to it too (_route_default_backend), so that code written
+for CUDA compiles unchanged. The server compiles each graph with Inductor for its own
+device, with CUDA graphs where its device and the shapes allow: what `mode=` asks of a
+local Inductor (reduce-overhead, max-autotune) the server's policy decides.
 
 AOTAutograd hands us the forward and backward aten graphs. Each graph is sent to the
 server once (RunGraph with its nodes); later calls send only the graph id, the input
@@ -13,6 +19,7 @@ device) by reference. The server compiles each graph it receives (server/graphs.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 
@@ -75,6 +82,10 @@ class GraphProgram:
         self.out_specs = tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, torch.Tensor) else None for t in meta_out
         )
+        # Outputs that are not tensors (with dynamic shapes, the sizes a forward graph saves
+        # for its backward) are functions of the inputs' sizes: computed here, per call
+        self._scalar_positions = tuple(i for i, t in enumerate(meta_out) if not isinstance(t, torch.Tensor))
+        self._scalar_outs = _scalar_outputs(gm, self._scalar_positions) if self._scalar_positions else None
         self._results = _C.GraphResults([None if spec is None else (*spec[:2], tv.dtype_name(spec[2]))
                                          for spec in self.out_specs])
         self._outputs = Raw(codec.encode(self.outputs))
@@ -110,6 +121,10 @@ class GraphProgram:
         # once per graph: the same bytes codec.encode writes for the values themselves
         refs = Raw(_C.graph_inputs(inputs, index, lambda v: codec.encode(_input_ref(v, index))))
         results, outs = self._results.make(index)
+        if self._scalar_outs is not None:
+            results = list(results)
+            for position, value in zip(self._scalar_positions, self._scalar_outs(*inputs)):
+                results[position] = value
         first = index not in self.sent_to
         session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self._outputs, Raw(outs),
                                      _stream(index)))
@@ -124,6 +139,18 @@ class GraphProgram:
                 remote = self._uploaded[(k, index)] = t.to(torch.device("remote_accel", index))
             t = remote
         return t
+
+
+def _scalar_outputs(gm: torch.fx.GraphModule, positions: tuple) -> torch.fx.GraphModule:
+    """A copy of `gm` that computes only the outputs at `positions` (sizes: sym_size
+    calls and arithmetic on the inputs' metadata, which need no server)."""
+    graph = copy.deepcopy(gm.graph)
+    output = next(n for n in graph.nodes if n.op == "output")
+    values = output.args[0]
+    graph.erase_node(output)
+    graph.output(tuple(values[i] for i in positions))
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
 
 
 def _input_ref(value, index: int):
@@ -193,7 +220,8 @@ def backend():
     in_graph = aot_autograd(fw_compiler=_compile, bw_compiler=_compile, keep_inference_input_mutations=True)
     on_client = aot_autograd(fw_compiler=_compile, bw_compiler=_compile)
 
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
+        # mode and options: torch.compile passes them to any backend; see the docstring above
         # Dynamo installs a compiled optimizer's state as attributes of the module
         attrs = [operator.attrgetter(n.target)(gm) for n in gm.graph.nodes if n.op == "get_attr"]
         if any(isinstance(t, torch.Tensor) and t.device.type != "remote_accel" for t in (*example_inputs, *attrs)):
@@ -208,3 +236,40 @@ def register_backend() -> None:
 
     if "remote_accel" not in list_backends(exclude_tags=()):
         register(name="remote_accel")(backend())
+    _route_default_backend()
+
+
+def _route_default_backend() -> None:
+    """torch.compile(model) with the default backend: graphs that touch remote tensors
+    compile here (on the server), every other graph with Inductor as before. Inductor has
+    no code generator for remote_accel (KeyError: 'remote_accel'); the server's Inductor
+    has one for the device the tensors really live on. torch.compile wraps Inductor in
+    torch._TorchCompileInductorWrapper, whose __call__ gets each graph."""
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "remote_accel_routed", False):
+        return
+    inductor_call = wrapper.__call__
+    remote = backend()
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if _touches_remote(model_, inputs_):
+            return remote(model_, inputs_)
+        return inductor_call(self, model_, inputs_, **kwargs)
+
+    __call__.remote_accel_routed = True
+    wrapper.__call__ = __call__
+
+
+def _touches_remote(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    def remote(t):
+        return isinstance(t, torch.Tensor) and t.device.type == "remote_accel"
+
+    if any(remote(t) for t in example_inputs):
+        return True
+    # parameters and buffers Dynamo kept as attributes, and tensors a graph makes there
+    return any(remote(t) for t in itertools.chain(gm.parameters(), gm.buffers())) or any(
+        remote(n.meta.get("val")) or _is_remote_device(n.kwargs.get("device")) for n in gm.graph.nodes)
+
+
+def _is_remote_device(device) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "remote_accel"

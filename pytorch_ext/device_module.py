@@ -18,7 +18,9 @@ _C = load()
 
 
 def is_available() -> bool:
-    return runtime.is_initialized()
+    """True once init() connected, or when the environment names a server that the first
+    use of the device will connect to (autoload)."""
+    return runtime.is_initialized() or runtime.connects_on_first_use()
 
 
 def is_initialized() -> bool:
@@ -26,7 +28,14 @@ def is_initialized() -> bool:
 
 
 def device_count() -> int:
-    return len(runtime.sessions())
+    return len(runtime.sessions()) or (1 if runtime.connects_on_first_use() else 0)
+
+
+def _lazy_init() -> None:
+    """torch calls this before the first tensor is made on or moved to the device (as
+    torch.cuda._lazy_init): connect now if the environment names a server."""
+    if runtime.connects_on_first_use():
+        runtime.session(0)
 
 
 def current_device() -> int:
@@ -236,13 +245,115 @@ def host_memory_stats() -> dict:
     return dict(_C.host_cache_stats())
 
 
-def get_device_name(device=None) -> str:
+def memory_reserved(device=None) -> int:
+    """As memory_allocated(): the client holds no cache of device memory of its own."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
     index = _index(device)
-    return runtime.session(current_device() if index < 0 else index).welcome.device
+    _C.reset_accumulated(current_device() if index < 0 else index)
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the server's device, one round trip; within this session's
+    memory limit where the server sets one (--memory-limit), since that is what this
+    client can allocate."""
+    values = _stats(device)
+    free, total = values["device_memory_info"]
+    limit = values.get("memory_limit") or 0
+    if limit:
+        total = min(total, limit)
+        free = max(0, min(free, limit - values.get("memory_allocated", 0)))
+    return int(free), int(total)
+
+
+class _DeviceProperties:
+    """torch.cuda.get_device_properties()' answer for the server's device: name,
+    total_memory, major, minor, multi_processor_count (None where the device has none,
+    as a CPU server), type (the server's torch device type)."""
+
+    def __init__(self, values: dict):
+        self.name = values.get("name")
+        self.type = values.get("type")
+        self.total_memory = values.get("total_memory")
+        self.major = values.get("major")
+        self.minor = values.get("minor")
+        self.multi_processor_count = values.get("multi_processor_count")
+
+    def __repr__(self) -> str:
+        return (f"_RemoteAccelDeviceProperties(name='{self.name}', type='{self.type}', major={self.major}, "
+                f"minor={self.minor}, total_memory={(self.total_memory or 0) >> 20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    index = _index(device)
+    return _DeviceProperties(runtime.session(current_device() if index < 0 else index).device_properties())
+
+
+def get_device_name(device=None) -> str:
+    """The server device's name: the GPU's model (an H100 says so), or the CPU's."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA server's GPU; (0, 0) for a device that
+    has none (a CPU server)."""
+    props = get_device_properties(device)
+    return (props.major or 0, props.minor or 0)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 kernels exist on CPU servers and on GPUs from compute capability 8.0."""
+    props = get_device_properties()
+    return props.type != "cuda" or (props.major or 0) >= 8 or including_emulation
 
 
 def get_amp_supported_dtype() -> list:
     return [torch.float16, torch.bfloat16]
+
+
+# -- streams and events ------------------------------------------------------------------------
+# One stream per device, in issue order on the server (device.cpp); torch.Event and
+# torch.Stream work on remote_accel as on CUDA (events on the server device's timeline).
+def current_stream(device=None) -> torch.Stream:
+    index = _index(device)
+    return torch.Stream(device=torch.device("remote_accel", current_device() if index < 0 else index))
+
+
+def default_stream(device=None) -> torch.Stream:
+    return current_stream(device)
+
+
+@contextlib.contextmanager
+def stream(stream):
+    """torch.cuda.stream()'s shape: every stream is the device's one stream, so this
+    only makes its device current."""
+    if stream is None:
+        yield
+        return
+    with device(stream.device):
+        yield
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+    return torch.Event(device=torch.device("remote_accel", current_device()), enable_timing=enable_timing,
+                       blocking=blocking, interprocess=interprocess)
+
+
+def Stream(device=None, priority: int = 0) -> torch.Stream:
+    index = _index(device)
+    return torch.Stream(device=torch.device("remote_accel", current_device() if index < 0 else index),
+                        priority=priority)
 
 
 def _is_in_bad_fork() -> bool:

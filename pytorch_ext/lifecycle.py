@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import threading
 from typing import Optional, Sequence
 
 from .. import config
@@ -25,6 +26,11 @@ from . import runtime
 from .session import Session
 
 log = logging.getLogger("remote_accel")
+
+#: The sessions were made by the first use of the device, from the environment (autoload),
+#: not by an explicit init(): an explicit init() replaces them.
+_implicit = False
+_first_use = threading.local()  # .connecting: this thread is in connect_from_environment
 
 
 def init(
@@ -70,7 +76,13 @@ def init(
     """
     from . import _register
 
+    global _implicit
     _register.register_device()
+    if _implicit and runtime.sessions():
+        # explicit settings win over the environment's, which connected on first use
+        log.info("remote_accel: init() replaces the session(s) made from the environment")
+        shutdown()
+    _implicit = False
     transport = (transport or os.environ.get(config.ENV_TRANSPORT) or "auto").lower()
     if transport not in ("auto", "tcp", "dpdk"):
         raise ConfigError(f"transport must be 'dpdk', 'tcp' or 'auto', not {transport!r}")
@@ -138,6 +150,39 @@ def init(
     except RemoteAccelError:
         shutdown()
         raise
+
+
+def connect_on_first_use() -> None:
+    """Torch autoloaded remote_accel in a process whose environment names a server
+    (_autoload): make the device known now, and connect at its first use."""
+    from . import _register
+
+    _register.register_device()
+    runtime.connect_on_first_use(connect_from_environment)
+
+
+def connect_from_environment() -> None:
+    """init() from the environment alone, once, at the first use of the device (torch's
+    lazy device initialisation calls torch.remote_accel._lazy_init, and any op of a
+    session-less device comes here through runtime.session)."""
+    global _implicit
+    if getattr(_first_use, "connecting", False):
+        return  # init() itself touched the device: runtime.session says it is not ready
+    _first_use.connecting = True
+    try:
+        with _first_use_lock:
+            if runtime.is_initialized():
+                return
+            log.info("remote_accel: connecting on first use, as the environment says (%s)",
+                     ", ".join(f"{k}={os.environ[k]}" for k in (config.ENV_SERVER, config.ENV_TRANSPORT)
+                               if os.environ.get(k)))
+            init()
+            _implicit = True
+    finally:
+        _first_use.connecting = False
+
+
+_first_use_lock = threading.Lock()
 
 
 def _connect(transport: str, address: Optional[str], port: int, eal_args, timeout: float, tls):

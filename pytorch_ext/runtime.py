@@ -8,6 +8,7 @@ empties it.
 from __future__ import annotations
 
 import threading
+from typing import Callable, Optional
 
 from ..errors import RemoteAccelError
 from .session import Session
@@ -15,6 +16,20 @@ from .session import Session
 #: held by init() and shutdown() while they change the sessions
 lock = threading.Lock()
 _sessions: list[Session] = []
+#: Set when the environment names a server and torch autoloaded remote_accel: the first
+#: use of the device connects (lifecycle.connect_from_environment), as CUDA initialises
+#: lazily. None: only init() connects.
+_connect_on_first_use: Optional[Callable[[], None]] = None
+
+
+def connect_on_first_use(connect: Optional[Callable[[], None]]) -> None:
+    global _connect_on_first_use
+    _connect_on_first_use = connect
+
+
+def connects_on_first_use() -> bool:
+    """Whether a session will be made from the environment at the first use of the device."""
+    return _connect_on_first_use is not None and not _sessions
 
 
 def add(made: list[Session]) -> None:
@@ -33,6 +48,8 @@ def is_initialized() -> bool:
 
 
 def session(index: int) -> Session:
+    if not _sessions and _connect_on_first_use is not None:
+        _connect_on_first_use()
     try:
         return _sessions[index]
     except IndexError:

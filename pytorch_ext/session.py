@@ -105,6 +105,7 @@ class Session:
         self._outbox: collections.deque = collections.deque()
         self._outbox_cv = threading.Condition(threading.Lock())
         self._sending = False
+        self._device_properties: Optional[dict] = None
         self._sender = None
         if isinstance(transport, TcpTransport):
             self._sender = threading.Thread(target=self._send_loop, name="remote_accel-send", daemon=True)
@@ -123,14 +124,27 @@ class Session:
         self.counters["ops"] += 1
         self._queue(m.RunOp(op, args, kwargs, outs, False, stream, plan))
 
-    def write(self, sid: int, offset: int, data) -> None:
+    def write(self, sid: int, offset: int, data, background: bool = False) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
 
         Small uploads are copied into the batch (the caller may reuse its buffer at once);
-        large ones are sent before this returns, without a copy.
+        large ones are sent before this returns, without a copy; or, with `background`,
+        by the sender thread after the batch queued before them (the buffer is kept alive
+        until then, and must not change meanwhile: pinned non_blocking copies).
         """
         view = memoryview(data).cast("B")
         self.counters["bytes_up"] += view.nbytes
+        if view.nbytes >= LARGE_WRITE and background and self._sender is not None:
+            with self._lock:
+                self._check_alive()
+                self._collect()
+                batch = self._take_batch()
+                messages = [batch] if batch is not None else []
+                messages.append((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0))
+                if self._post(messages):
+                    return
+                self._send_many(messages)
+            return
         if view.nbytes >= LARGE_WRITE:
             with self._lock:
                 self.flush()
@@ -240,6 +254,20 @@ class Session:
 
     def empty_cache(self) -> None:
         self._queue_message(m.EmptyCache())  # not allowed inside a Batch
+
+    def record_event(self, event_id: int) -> None:
+        """torch.Event.record(): a marker after the ops queued so far (server/events.py)."""
+        self._queue_message(m.Event("record", event_id))
+
+    def event(self, action: str, event_id: int, end: int = 0):
+        """An event's query ("query" -> bool), wait ("synchronize") or time to `end` ("elapsed" -> ms)."""
+        return self._call(m.Event(action, event_id, end), m.EventReply).value
+
+    def device_properties(self) -> dict:
+        """The server device's properties (server/device.py), asked once."""
+        if self._device_properties is None:
+            self._device_properties = dict(self.stats()["device_properties"])
+        return self._device_properties
 
     def run_graph(self, msg: m.RunGraph) -> None:
         self.counters["graphs"] += 1

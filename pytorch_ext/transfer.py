@@ -82,15 +82,21 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def upload(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """CPU `src` -> remote `dst` (dst's dtype, broadcast like copy_)."""
+def upload(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> None:
+    """CPU `src` -> remote `dst` (dst's dtype, broadcast like copy_).
+
+    non_blocking from pinned memory (pin_memory(), DataLoader(pin_memory=True)): a large
+    upload leaves in the background, as a CUDA copy from pinned memory does, while this
+    thread goes on queueing ops; as on CUDA, `src` must not change until the copy is done
+    (a sync point)."""
     index = handles.device_index(dst)
     session = runtime.session(index)
     data = src.expand_as(dst).to(dst.dtype).resolve_conj().resolve_neg().contiguous()
     if _plain_contiguous(dst):
         sid = handles.announce(dst, index)
         if data.numel():
-            session.write(sid, dst.storage_offset() * dst.element_size(), _byte_view(data))
+            background = non_blocking and data.data_ptr() == src.data_ptr() and _C.is_pinned_ptr(src.data_ptr())
+            session.write(sid, dst.storage_offset() * dst.element_size(), _byte_view(data), background=background)
         return
     # a strided or lazily-conjugated destination: upload dense, then copy on the server
     staging = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
@@ -126,7 +132,7 @@ def copy_between(src: torch.Tensor, dst: torch.Tensor, server: OnServer, non_blo
             download(src, staging)
             upload(staging, dst)
     elif _is_remote(dst):
-        upload(src, dst)
+        upload(src, dst, non_blocking)
     elif _is_remote(src):
         download(src, dst)
     else:

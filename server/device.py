@@ -73,6 +73,7 @@ class ComputeDevice:
         self.index = device.index if device.index is not None else 0
         self.accelerator = device.type != "cpu"
         self.name = str(device)
+        self._properties: Optional[dict] = None
 
     # -- per-session execution context ------------------------------------------------------
     def new_stream(self) -> Optional["torch.Stream"]:
@@ -142,6 +143,44 @@ class ComputeDevice:
         except (ValueError, OSError):
             return 1 << 40
 
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device, as torch.cuda.mem_get_info() gives them; on a
+        CPU server the host's available and physical memory."""
+        if self.accelerator:
+            try:
+                free, total = torch.accelerator.get_memory_info(self.index)
+                return int(free), int(total)
+            except (RuntimeError, AttributeError, TypeError):
+                pass
+        available = _meminfo("MemAvailable")
+        total = self.total_memory()
+        return (available if available is not None else total), total
+
+    def properties(self) -> dict:
+        """What torch.cuda.get_device_properties() tells of a device: name and
+        total_memory always; major, minor and multi_processor_count where the device has
+        them (None on a CPU server)."""
+        if self._properties is not None:
+            return dict(self._properties)
+        props = {"type": self.type, "name": self.name, "total_memory": self.total_memory(),
+                 "major": None, "minor": None, "multi_processor_count": None}
+        if self.accelerator:
+            try:
+                p = torch.get_device_module(self.type).get_device_properties(self.index)
+            except (RuntimeError, AttributeError, TypeError) as exc:
+                log.debug("no device properties for %s: %s", self.name, exc)
+            else:
+                props["name"] = str(getattr(p, "name", self.name))
+                for key in ("total_memory", "major", "minor", "multi_processor_count"):
+                    value = getattr(p, key, None)
+                    if isinstance(value, int):
+                        props[key] = value
+        else:
+            props["name"] = _cpu_model() or "cpu"
+            props["multi_processor_count"] = os.cpu_count()
+        self._properties = props
+        return dict(props)
+
     def memory_allocated(self) -> Optional[int]:
         """The device allocator's own figure (None on CPU, which has no such counter)."""
         if not self.accelerator:
@@ -174,3 +213,28 @@ class ComputeDevice:
         module = getattr(torch, self.type, None)
         gens = getattr(module, "default_generators", ())
         return gens[self.index] if self.index < len(gens) else None
+
+
+def _meminfo(key: str) -> Optional[int]:
+    """A /proc/meminfo figure in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name == key:
+                    return int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cpu_model() -> Optional[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None

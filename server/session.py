@@ -32,6 +32,7 @@ from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
 from . import auth, failure, native, peer, swap
 from .counters import SessionCounters
+from .events import SessionEvents
 from .executor import Executor
 from .heartbeat import Heartbeat
 from .host import Host
@@ -88,7 +89,7 @@ class Session(Receiving):
             MsgType.RUN_GRAPH: self._one_way, MsgType.RUN_PLANNED: self._one_way, MsgType.RUN: self._on_run,
             MsgType.READ: self._on_read,
             MsgType.SYNC: self._on_sync, MsgType.STATS: self._on_stats, MsgType.RNG: self._on_rng,
-            MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
+            MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.EVENT: self._on_event, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
             MsgType.PEER_RECEIVE: self._on_peer, MsgType.PEER_SEND: self._on_peer,
             MsgType.PEER_WRITE: self._on_peer_write,
         }
@@ -120,6 +121,7 @@ class Session(Receiving):
         self.device.bind_thread(self._stream)
         torch.set_grad_enabled(False)  # thread-local: autograd is the client's business
         self.executor = Executor(self.device, self.table, Generators(self.device), self.server.graphs)
+        self.events = SessionEvents(self.device)
         self.heartbeat.start()
         timeout = self.server.heartbeat_timeout
         # bound once: each message's path is a few microseconds of Python (issue #20)
@@ -457,6 +459,8 @@ class Session(Receiving):
             "sink_messages": self.sink_messages,
             "sink_bytes": self.sink_bytes,
             "device_memory_allocated": self.device.memory_allocated(),
+            "device_properties": self.device.properties(),
+            "device_memory_info": list(self.device.memory_info()),
             **self.table.native.swap_stats(),
             "transport": {k: v for k, v in self.transport.stats().items() if type(v) in (int, float, str)},
         }
@@ -485,6 +489,30 @@ class Session(Receiving):
 
     def _on_empty_cache(self, request, msg: Message, plan) -> None:
         self.device.empty_cache()
+
+    def _on_event(self, request: m.Event, msg: Message, plan) -> None:
+        """torch.Event (events.py): record one-way, its error kept for the next sync; the
+        rest answered, after any error of the ops before them."""
+        if request.action == "record":
+            try:
+                self.events.record(request.event_id)
+            except Exception as exc:
+                self._fail(exc)
+            return
+        try:
+            if request.action == "query":
+                value = self.events.query(request.event_id)
+            elif request.action == "synchronize":
+                value = self.events.synchronize(request.event_id)
+            elif request.action == "elapsed":
+                value = self.events.elapsed_ms(request.event_id, request.end)
+            else:
+                raise ProtocolError(f"unknown Event action {request.action[:40]!r}")
+        except Exception as exc:
+            self._send(self._error_reply(exc), msg.req_id)
+            return
+        if not self._report_pending(msg.req_id):
+            self._send(m.EventReply(value), msg.req_id)
 
     def _on_echo(self, request: m.Echo, msg: Message, plan) -> None:
         self._send(m.EchoReply(request.seq), msg.req_id, msg.payloads)

@@ -3,6 +3,16 @@
 
 #include <c10/util/Exception.h>
 
+// torch >= 2.9 asks a device for a c10::DeviceAllocator (torch.accelerator's memory_stats,
+// memory_allocated, reset_peak_memory_stats, empty_cache, get_memory_info)
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+#if defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 9)
+#include <c10/core/CachingDeviceAllocator.h>
+#define REMOTE_ACCEL_DEVICE_ALLOCATOR 1
+#endif
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -60,6 +70,9 @@ struct Registry {
   std::array<uint64_t, kMaxDevices> session{};
   std::array<int64_t, kMaxDevices> live_bytes{};
   std::array<int64_t, kMaxDevices> peak_bytes{};
+  std::array<int64_t, kMaxDevices> count{}, peak_count{};  // the current session's live storages
+  // cumulative since the session began (or reset_accumulated): torch's "allocated"/"freed"
+  std::array<int64_t, kMaxDevices> allocated_bytes{}, freed_bytes{}, allocated_count{}, freed_count{};
   std::array<int64_t, kMaxDevices> limit{};  // 0: none
   RangeCache ranges;
 };
@@ -89,6 +102,9 @@ void delete_remote(void* ptr) {
     if (a.session == r.session[a.device]) {  // an older session's server forgot it already
       r.freed[a.device].push_back(a.id);
       r.live_bytes[a.device] -= static_cast<int64_t>(a.nbytes);
+      r.freed_bytes[a.device] += static_cast<int64_t>(a.nbytes);
+      ++r.freed_count[a.device];
+      --r.count[a.device];
     }
     // Kept or unmapped only once the entry is gone, so that no other allocation gets the
     // same range while the map still names it.
@@ -120,9 +136,18 @@ void register_allocation(Registry& r, void* p, size_t n, c10::DeviceIndex index)
   ++r.live_count[index];
   r.live_bytes[index] += static_cast<int64_t>(n);
   r.peak_bytes[index] = std::max(r.peak_bytes[index], r.live_bytes[index]);
+  r.allocated_bytes[index] += static_cast<int64_t>(n);
+  ++r.allocated_count[index];
+  r.peak_count[index] = std::max(r.peak_count[index], ++r.count[index]);
 }
 
-struct RemoteAllocator final : c10::Allocator {
+#ifdef REMOTE_ACCEL_DEVICE_ALLOCATOR
+using AllocatorBase = c10::DeviceAllocator;
+#else
+using AllocatorBase = c10::Allocator;
+#endif
+
+struct RemoteAllocator final : AllocatorBase {
   c10::DataPtr allocate(size_t n) override {
     const c10::Device device(kDevice, current_device());
     if (n == 0) {
@@ -168,6 +193,52 @@ struct RemoteAllocator final : c10::Allocator {
     TORCH_CHECK(false, "remote_accel: storage bytes live on the server and cannot be copied "
                        "on the client; copy tensors instead");
   }
+
+#ifdef REMOTE_ACCEL_DEVICE_ALLOCATOR
+  // The client holds no device memory: it counts what the server holds for it (every live
+  // storage, from its allocation on), so torch.accelerator's figures are torch.cuda's.
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t) override {
+    if (auto* hooks = device_hooks()) {
+      hooks->empty_cache();
+    }
+  }
+  // One stream per device, in issue order on the server: nothing to track.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const auto c = allocation_counts(device);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    for (auto* bytes : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes}) {
+      auto& s = (*bytes)[all];
+      s.current = c.bytes;
+      s.peak = c.peak_bytes;
+      s.allocated = c.allocated_bytes;
+      s.freed = c.freed_bytes;
+    }
+    for (auto* count : {&stats.allocation, &stats.active, &stats.segment}) {
+      auto& s = (*count)[all];
+      s.current = c.count;
+      s.peak = c.peak_count;
+      s.allocated = c.allocated_count;
+      s.freed = c.freed_count;
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    reset_accumulated(device);
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    reset_peak(device);
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto* hooks = device_hooks();
+    TORCH_CHECK(hooks != nullptr, "remote_accel: the device is not registered");
+    return hooks->memory_info(device);
+  }
+#endif
 };
 
 
@@ -222,7 +293,8 @@ void end_session(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(r.mu);
   ++r.session[device];
   r.freed[device].clear();
-  r.live_bytes[device] = r.peak_bytes[device] = 0;
+  r.live_bytes[device] = r.peak_bytes[device] = r.count[device] = r.peak_count[device] = 0;
+  r.allocated_bytes[device] = r.freed_bytes[device] = r.allocated_count[device] = r.freed_count[device] = 0;
   r.limit[device] = 0;
 }
 
@@ -248,6 +320,24 @@ void reset_peak(c10::DeviceIndex device) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.peak_bytes[device] = r.live_bytes[device];
+  r.peak_count[device] = r.count[device];
+}
+
+AllocationCounts allocation_counts(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return {r.live_bytes[device], r.peak_bytes[device], r.allocated_bytes[device], r.freed_bytes[device],
+          r.count[device], r.peak_count[device], r.allocated_count[device], r.freed_count[device]};
+}
+
+void reset_accumulated(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < kMaxDevices, "remote_accel: bad device index ",
+                    static_cast<int>(device));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.allocated_bytes[device] = r.freed_bytes[device] = r.allocated_count[device] = r.freed_count[device] = 0;
 }
 
 std::vector<uint64_t> drain_freed(c10::DeviceIndex device) {

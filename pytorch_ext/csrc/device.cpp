@@ -82,21 +82,62 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override {
     return true;
   }
-  // Waiting for the server is a network round trip: Python does it (synchronize()).
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeDevice(c10::DeviceIndex) const override {}
-  // Events order work between streams; the autograd engine records one on a producer's
-  // stream and blocks a consumer's stream on it when a gradient crosses devices (a model
-  // split over remote_accel:0 and :1). Across servers nothing is left to order: each
-  // server runs its session in issue order, and data reaches another device only by a
-  // copy that the destination waits for (through the client, or server to server). So
-  // recording and blocking are no-ops, and an event is always complete.
-  void record(void** event, const c10::Stream&, c10::DeviceIndex, c10::EventFlag) const override {
-    *event = nullptr;
+  // Waiting for the server is a round trip, which Python makes (the session's sync).
+  void synchronizeStream(const c10::Stream& s) const override {
+    synchronizeDevice(s.device_index());
+  }
+  void synchronizeDevice(c10::DeviceIndex index) const override {
+    hooks().synchronize_device(index < 0 ? t_current_device : index);
+  }
+  // Events. torch.Event's record() queues a marker after the ops issued so far; the
+  // server notes the time (a CUDA event on a CUDA server) when its device reaches it, so
+  // elapsed_time() measures the server device's own timeline. query() and synchronize()
+  // ask the server. The autograd engine also records and blocks on events when a
+  // gradient crosses devices (a model split over remote_accel:0 and :1): there block() has
+  // nothing to order, since each server runs its session in issue order, and data reaches
+  // another device only by a copy that the destination waits for.
+  struct Event {
+    uint64_t id;
+    c10::DeviceIndex device;
+  };
+  void record(void** event, const c10::Stream& stream, c10::DeviceIndex device, c10::EventFlag) const override {
+    const auto index = device >= 0 ? device : stream.device_index();
+    auto* e = static_cast<Event*>(*event);
+    if (e == nullptr) {
+      static std::atomic<uint64_t> next_id{1};
+      e = new Event{next_id++, index};
+      *event = e;
+    }
+    e->device = index;
+    hooks().record_event(e->device, e->id);
   }
   void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override {
-    return true;
+  bool queryEvent(void* event) const override {
+    auto* e = static_cast<Event*>(event);
+    return e == nullptr || hooks().query_event(e->device, e->id);
+  }
+  void synchronizeEvent(void* event) const override {
+    if (auto* e = static_cast<Event*>(event)) {
+      hooks().synchronize_event(e->device, e->id);
+    }
+  }
+  double elapsedTime(void* start, void* end, c10::DeviceIndex) const override {
+    auto* a = static_cast<Event*>(start);
+    auto* b = static_cast<Event*>(end);
+    TORCH_CHECK(a != nullptr && b != nullptr, "remote_accel: both events must be recorded before elapsed_time()");
+    TORCH_CHECK(a->device == b->device, "remote_accel: elapsed_time() between events of two devices (",
+                static_cast<int>(a->device), " and ", static_cast<int>(b->device), ")");
+    return hooks().elapsed_ms(a->device, a->id, b->id);
+  }
+  // The server forgets the oldest events itself (it keeps a bounded number per session).
+  void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
+    delete static_cast<Event*>(event);
+  }
+
+  static DeviceHooks& hooks() {
+    auto* h = device_hooks();
+    TORCH_CHECK(h != nullptr, "remote_accel: the device is not registered yet (import remote_accel)");
+    return *h;
   }
 };
 
@@ -117,6 +158,7 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // c10::default_rng_seed_val
 constexpr int64_t kStateBytes = 16;
 std::atomic<GeneratorStateHooks*> g_state_hooks{nullptr};
+std::atomic<DeviceHooks*> g_device_hooks{nullptr};
 std::atomic<uint64_t> g_next_generator_id{1};
 
 struct RemoteGenerator final : c10::GeneratorImpl {
@@ -224,13 +266,12 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   c10::Device getDeviceFromPtr(void* data) const override {
     return {kDevice, storage_device(data)};
   }
-  // Host memory for remote_accel is plain host memory: the transport pins (or copies
-  // into) its own buffers. So pin_memory() works, and is_pinned() stays false.
+  // Pinned host memory: see host_cache.cpp.
   c10::Allocator* getPinnedMemoryAllocator() const override {
-    return c10::GetCPUAllocator();
+    return pinned_allocator();
   }
-  bool isPinnedPtr(const void*) const override {
-    return false;
+  bool isPinnedPtr(const void* ptr) const override {
+    return is_pinned_ptr(ptr);
   }
   c10::DeviceIndex deviceCount() const override {
     return device_count();
@@ -317,6 +358,14 @@ at::Generator new_generator(c10::DeviceIndex device) {
 
 void set_generator_state_hooks(GeneratorStateHooks* hooks) {
   g_state_hooks.store(hooks);
+}
+
+void set_device_hooks(DeviceHooks* hooks) {
+  g_device_hooks.store(hooks);
+}
+
+DeviceHooks* device_hooks() {
+  return g_device_hooks.load();
 }
 
 uint64_t default_generator_id(c10::DeviceIndex device) {

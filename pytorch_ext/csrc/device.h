@@ -75,4 +75,35 @@ uint64_t default_generator_id(c10::DeviceIndex device);
 // (generator id, seed, epoch) of a remote_accel generator; see device.cpp.
 std::tuple<uint64_t, uint64_t, uint64_t> generator_info(const at::Generator& gen);
 
+// What PyTorch's device-generic APIs ask of the device and only the server can answer:
+// events on the server's timeline (torch.Event), waiting for the device
+// (torch.accelerator.synchronize), its free and total memory (torch.accelerator's
+// get_memory_info), releasing cached memory (torch.accelerator.empty_cache). Installed
+// by Python when the device is registered; never freed. Each may raise (as a C++
+// exception torch reports to the caller).
+struct DeviceHooks {
+  std::function<void(c10::DeviceIndex, uint64_t)> record_event;
+  std::function<bool(c10::DeviceIndex, uint64_t)> query_event;
+  std::function<void(c10::DeviceIndex, uint64_t)> synchronize_event;
+  std::function<double(c10::DeviceIndex, uint64_t, uint64_t)> elapsed_ms;
+  std::function<void(c10::DeviceIndex)> synchronize_device;
+  std::function<std::pair<size_t, size_t>(c10::DeviceIndex)> memory_info;  // (free, total) bytes
+  std::function<void()> empty_cache;
+};
+void set_device_hooks(DeviceHooks* hooks);
+DeviceHooks* device_hooks();  // nullptr until Python installed them
+
+// Allocation counters of a device's current session, as torch's DeviceStats counts them.
+struct AllocationCounts {
+  int64_t bytes, peak_bytes, allocated_bytes, freed_bytes;  // allocated/freed: cumulative
+  int64_t count, peak_count, allocated_count, freed_count;
+};
+AllocationCounts allocation_counts(c10::DeviceIndex device);
+void reset_accumulated(c10::DeviceIndex device);
+
+// Pinned host memory for remote_accel (tensor.pin_memory(), DataLoader(pin_memory=True)):
+// host_cache.cpp. is_pinned_ptr: whether ptr lies in memory that allocator handed out.
+c10::Allocator* pinned_allocator();
+bool is_pinned_ptr(const void* ptr);
+
 } // namespace remote_accel

@@ -13,6 +13,7 @@
 // handed to the user only once every byte of it was written by the download; a failed
 // download drops the tensor and its block goes back.
 #include "host_cache.h"
+#include "device.h"
 #include "host_pages.h"
 
 #include <ATen/EmptyTensor.h>
@@ -203,7 +204,78 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   return r;
 }
 
+// Pinned host memory (tensor.pin_memory(), DataLoader(pin_memory=True)): what CUDA's
+// pinned memory gives a copy to the device (no page fault and no staging copy on the way;
+// with non_blocking=True the copy overlaps the host's work) is what a transport needs of
+// its source too. So pinned memory is this cache's pre-faulted blocks for 1 MiB and more,
+// plain CPU memory below, and either way its ranges are recorded, so that is_pinned()
+// answers and an upload knows it may send from it in the background (transfer.py).
+struct PinnedRanges {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> ranges;  // start -> bytes
+};
+
+PinnedRanges& pinned_ranges() {
+  static auto* r = new PinnedRanges();  // never destroyed: storages may die during exit
+  return *r;
+}
+
+struct Pinned {
+  c10::DataPtr memory;
+};
+
+void unpin(void* ctx) {
+  auto* p = static_cast<Pinned*>(ctx);
+  {
+    auto& r = pinned_ranges();
+    std::lock_guard<std::mutex> g(r.mu);
+    r.ranges.erase(reinterpret_cast<uintptr_t>(p->memory.get()));
+  }
+  delete p;  // frees the memory with its own deleter
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr memory = host_allocator().allocate(n);
+    void* ptr = memory.get();
+    if (ptr == nullptr) {
+      return memory;
+    }
+    {
+      auto& r = pinned_ranges();
+      std::lock_guard<std::mutex> g(r.mu);
+      r.ranges[reinterpret_cast<uintptr_t>(ptr)] = n;
+    }
+    return {ptr, new Pinned{std::move(memory)}, &unpin, c10::Device(c10::kCPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
 }  // namespace
+
+c10::Allocator* pinned_allocator() {
+  static PinnedAllocator instance;
+  return &instance;
+}
+
+bool is_pinned_ptr(const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto& r = pinned_ranges();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.ranges.upper_bound(p);
+  if (it == r.ranges.begin()) {
+    return false;
+  }
+  --it;
+  return p < it->first + it->second;
+}
 
 HostCacheStats host_cache_stats() {
   return cache().stats();

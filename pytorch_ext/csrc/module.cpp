@@ -308,6 +308,57 @@ PYBIND11_MODULE(_C, m) {
         }, py::arg("get"), py::arg("set"),
         "Make Generator.get_state()/set_state() read and write the server's generator: "
         "get(device, id, seed, epoch) -> bytes, set(device, id, seed, epoch, state).");
+  m.def("set_device_hooks", [](py::object impl) {
+          // Leaked like the guard that calls them: events may be destroyed until interpreter exit.
+          auto* obj = new py::object(std::move(impl));
+          // Each call takes the GIL for the call and for the conversion of its result.
+          auto* hooks = new ra::DeviceHooks;
+          hooks->record_event = [obj](c10::DeviceIndex d, uint64_t id) {
+            py::gil_scoped_acquire gil;
+            obj->attr("record_event")(static_cast<int>(d), id);
+          };
+          hooks->query_event = [obj](c10::DeviceIndex d, uint64_t id) {
+            py::gil_scoped_acquire gil;
+            return obj->attr("query_event")(static_cast<int>(d), id).cast<bool>();
+          };
+          hooks->synchronize_event = [obj](c10::DeviceIndex d, uint64_t id) {
+            py::gil_scoped_acquire gil;
+            obj->attr("synchronize_event")(static_cast<int>(d), id);
+          };
+          hooks->elapsed_ms = [obj](c10::DeviceIndex d, uint64_t start, uint64_t end) {
+            py::gil_scoped_acquire gil;
+            return obj->attr("elapsed_ms")(static_cast<int>(d), start, end).cast<double>();
+          };
+          hooks->synchronize_device = [obj](c10::DeviceIndex d) {
+            py::gil_scoped_acquire gil;
+            obj->attr("synchronize_device")(static_cast<int>(d));
+          };
+          hooks->memory_info = [obj](c10::DeviceIndex d) {
+            py::gil_scoped_acquire gil;
+            return obj->attr("memory_info")(static_cast<int>(d)).cast<std::pair<size_t, size_t>>();
+          };
+          hooks->empty_cache = [obj] {
+            py::gil_scoped_acquire gil;
+            obj->attr("empty_cache")();
+          };
+          ra::set_device_hooks(hooks);
+        }, py::arg("hooks"),
+        "Install the object whose methods answer what only the server knows: record_event(device, id), "
+        "query_event(device, id) -> bool, synchronize_event(device, id), elapsed_ms(device, start, end) -> "
+        "float, synchronize_device(device), memory_info(device) -> (free, total), empty_cache().");
+  m.def("is_pinned_ptr", [](uintptr_t ptr) { return ra::is_pinned_ptr(reinterpret_cast<const void*>(ptr)); },
+        py::arg("ptr"), "Whether the address lies in remote_accel's pinned host memory.");
+  m.def("allocation_counts", [](int device) {
+          const auto c = ra::allocation_counts(static_cast<c10::DeviceIndex>(device));
+          py::dict d;
+          d["bytes"] = c.bytes; d["peak_bytes"] = c.peak_bytes;
+          d["allocated_bytes"] = c.allocated_bytes; d["freed_bytes"] = c.freed_bytes;
+          d["count"] = c.count; d["peak_count"] = c.peak_count;
+          d["allocated_count"] = c.allocated_count; d["freed_count"] = c.freed_count;
+          return d;
+        }, py::arg("device"), "The device's allocation counters (current, peak, cumulative).");
+  m.def("reset_accumulated", [](int device) { ra::reset_accumulated(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device"), "Zero the cumulative allocation counters.");
   m.def("generator_info", &ra::generator_info, py::arg("generator"),
         "(generator id, seed, epoch) of a remote_accel torch.Generator. The server reseeds its "
         "generator whenever this triple changes; the offset is Generator.get_offset().");

@@ -58,7 +58,7 @@ def test_pool_gives_addresses_and_tokens_through_ray(pool):
         assert torch.remote_accel.device_count() == 2
         x = torch.arange(6.0).to("remote_accel:1")
         assert torch.equal((x * 2).cpu(), torch.arange(6.0) * 2)
-        assert torch.remote_accel.get_device_name(0) == "cpu"
+        assert torch.remote_accel.get_device_properties(0).type == "cpu"
     finally:
         remote_accel.shutdown()
 

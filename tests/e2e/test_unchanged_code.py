@@ -1,0 +1,241 @@
+"""Code written for CUDA (or for torch.accelerator) runs unchanged on remote_accel: torch's
+device-backend autoload, torch.compile's default backend and modes, torch.accelerator's
+memory figures, torch.Event on the server's timeline, device properties, pinned memory.
+Each against a real server process; autoload in fresh interpreters whose only link to
+remote_accel is the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import remote_accel
+from remote_accel.server.testing import ServerProcess
+
+# -- autoload: scripts that never import remote_accel ------------------------------------------
+TRAIN_WITHOUT_IMPORT = textwrap.dedent("""
+    import sys
+    import torch
+    runtime = sys.modules.get("remote_accel.pytorch_ext.runtime")
+    connected = runtime is not None and runtime.is_initialized()  # not before the first use
+    dev = torch.accelerator.current_accelerator()
+    print("accelerator", dev, torch.accelerator.is_available(), torch.accelerator.device_count(), connected)
+    if dev is None:
+        print("extension", "remote_accel.pytorch_ext._native" in sys.modules)
+        sys.exit(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x, y = torch.randn(32, 10), torch.randn(32, 1)
+    local = [p.detach().clone() for p in model.parameters()]
+    model.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xd, yd = x.to(dev), y.to(dev)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xd), yd)
+        loss.backward()
+        opt.step()
+    print("device", next(model.parameters()).device, round(loss.item(), 6))
+""")
+
+
+def _run(script: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _local_loss() -> float:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x, y = torch.randn(32, 10), torch.randn(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    return round(loss.item(), 6)
+
+
+@pytest.fixture(scope="module")
+def server_env():
+    with ServerProcess() as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_ACCEL_")}
+        env["REMOTE_ACCEL_RUNTIME_DIR"] = os.environ.get("REMOTE_ACCEL_RUNTIME_DIR", "/tmp/ra-unchanged-none")
+        yield server, env
+
+
+def test_autoload_from_the_environment_trains_on_the_server(server_env):
+    server, env = server_env
+    env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token)
+    out = _run(TRAIN_WITHOUT_IMPORT, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["accelerator"] == "remote_accel True 1 False"
+    device, loss = lines["device"].split()
+    assert device == "remote_accel:0"
+    assert float(loss) == pytest.approx(_local_loss(), rel=1e-5)
+
+
+@pytest.mark.parametrize("extra", [{"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, None], ids=["autoload-off", "unconfigured"])
+def test_no_device_without_configuration(server_env, extra):
+    server, env = server_env
+    if extra is not None:  # configured, but torch's autoload is off
+        env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token, **extra)
+    out = _run(TRAIN_WITHOUT_IMPORT, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # no device, and the C++ extension never loaded: an unconfigured process pays nothing
+    assert out.stdout.splitlines() == ["accelerator None False 0 False", "extension False"]
+    assert "remote_accel" not in out.stderr
+
+
+def test_a_server_process_is_not_its_own_client(server_env):
+    server, env = server_env
+    env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token)
+    script = "import remote_accel.server, torch; print(torch.accelerator.current_accelerator())"
+    out = _run(script, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "None"
+
+
+EXPLICIT_INIT_WINS = textwrap.dedent("""
+    import sys, torch
+    x = torch.ones(3, device="remote_accel")  # connects to the environment's server
+    import remote_accel
+    first = remote_accel.server_stats()["session"]
+    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2])
+    y = torch.full((3,), 2.0, device="remote_accel")
+    print(first != remote_accel.server_stats()["session"], y.cpu().tolist())
+""")
+
+
+def test_explicit_init_replaces_the_environments_session(server_env):
+    server, env = server_env
+    with ServerProcess() as other:
+        env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token)
+        out = _run(EXPLICIT_INIT_WINS, env, "%s:%d" % other.tcp, other.token)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "True [2.0, 2.0, 2.0]"
+
+
+# -- in this process: init() as usual -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def remote():
+    with ServerProcess() as server:
+        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token)
+        yield server
+        remote_accel.shutdown()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+@pytest.mark.parametrize("options", [{}, {"mode": "reduce-overhead"}, {"mode": "max-autotune"}, {"fullgraph": True},
+                                     {"dynamic": True}, {"backend": "remote_accel", "mode": "reduce-overhead"}],
+                         ids=["default", "reduce-overhead", "max-autotune", "fullgraph", "dynamic",
+                              "remote_accel-reduce-overhead"])
+def test_torch_compile_as_users_write_it(remote, options):
+    torch._dynamo.reset()
+    model = _mlp()
+    remote_model = _mlp().to("remote_accel")
+    compiled = torch.compile(remote_model, **options)
+    for batch in (16, 16, 7):  # a new batch size: dynamic shapes, or a recompile
+        x = torch.randn(batch, 10)
+        expected = model(x)
+        out = compiled(x.to("remote_accel"))
+        expected.sum().backward()
+        out.sum().backward()
+        torch.testing.assert_close(out.cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), remote_model.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_default_backend_compiles_code_that_mixes_cpu_and_remote(remote):
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return (a * 2).to("remote_accel") + b.sin()
+
+    a, b = torch.randn(8), torch.randn(8)
+    out = torch.compile(f)(a, b.to("remote_accel"))
+    torch.testing.assert_close(out.cpu(), a * 2 + b.sin())
+    # CPU-only graphs still go to Inductor
+    torch.testing.assert_close(torch.compile(lambda t: t.cos() + 1)(a), a.cos() + 1)
+
+
+def test_accelerator_memory_figures(remote):
+    torch.accelerator.reset_peak_memory_stats()
+    before = torch.accelerator.memory_allocated()
+    x = torch.empty(1 << 20, device="remote_accel")
+    assert torch.accelerator.memory_allocated() == before + (4 << 20)
+    assert torch.accelerator.max_memory_allocated() >= before + (4 << 20)
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == before + (4 << 20)
+    del x
+    assert torch.accelerator.memory_allocated() == before
+    assert torch.accelerator.max_memory_allocated() >= before + (4 << 20)
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == before
+    torch.accelerator.empty_cache()
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total
+    assert torch.remote_accel.mem_get_info() == pytest.approx((free, total), rel=0.05)
+
+
+def test_events_time_the_servers_work(remote):
+    start = torch.Event(device="remote_accel", enable_timing=True)
+    end = torch.remote_accel.Event(enable_timing=True)
+    x = torch.randn(256, 256, device="remote_accel")
+    start.record()
+    for _ in range(30):
+        x = torch.tanh(x @ x)
+    end.record()
+    end.synchronize()
+    assert end.query()
+    elapsed = start.elapsed_time(end)
+    assert elapsed > 0
+    # a second interval that does nothing takes less time than the thirty matmuls
+    idle_start, idle_end = torch.Event(device="remote_accel", enable_timing=True), torch.Event(
+        device="remote_accel", enable_timing=True)
+    idle_start.record()
+    idle_end.record()
+    assert idle_start.elapsed_time(idle_end) < elapsed
+    torch.remote_accel.current_stream().wait_event(end)
+    torch.accelerator.synchronize()
+    never = torch.Event(device="remote_accel", enable_timing=True)
+    with pytest.raises(ValueError, match="recorded"):
+        never.elapsed_time(end)  # torch's own check, as on CUDA
+
+
+def test_device_properties_describe_the_servers_device(remote):
+    props = torch.remote_accel.get_device_properties(0)
+    assert props.type == "cpu"  # the test server's device
+    with open("/proc/cpuinfo") as f:
+        models = {line.split(":", 1)[1].strip() for line in f if line.startswith("model name")}
+    assert props.name in models | {"cpu"}
+    assert torch.remote_accel.get_device_name() == props.name
+    assert props.total_memory > 0
+    assert torch.remote_accel.get_device_capability(0) == (0, 0)
+    assert torch.remote_accel.is_bf16_supported()
+
+
+def test_pinned_memory_and_non_blocking_uploads(remote):
+    data = torch.utils.data.TensorDataset(torch.randn(96, 10), torch.randint(0, 3, (96,)))
+    for x, y in torch.utils.data.DataLoader(data, batch_size=32, pin_memory=True):
+        assert x.is_pinned() and y.is_pinned()
+        assert torch.equal(x.to("remote_accel", non_blocking=True).cpu(), x)
+    assert not torch.randn(4).is_pinned()
+    big = torch.randn(3 << 20).pin_memory()  # large: sent by the background sender
+    assert big.is_pinned() and big[5:].is_pinned()
+    uploads = [big.to("remote_accel", non_blocking=True) for _ in range(3)]
+    sums = [(u * 2).sum() for u in uploads]
+    for u, s in zip(uploads, sums):
+        assert torch.equal(u.cpu(), big)
+        torch.testing.assert_close(s.cpu(), (big * 2).sum())
