@@ -124,7 +124,7 @@ struct shim_conn_opts {
 	uint64_t spin_ns;           /* poll this long after the last traffic before sleeping */
 	int32_t busy_poll;          /* 1: never sleep (benchmarks; burns a core per waiter) */
 	int32_t group;              /* listen group a server connection is accepted into */
-	int32_t doorbell;           /* 1: on memif/ring, sleep on a doorbell the peer rings (doorbell.c) */
+	int32_t doorbell;           /* 1: on memif/ring, sleep on a doorbell the peer rings (link/doorbell.c) */
 };
 
 struct shim_conn_info {

@@ -374,7 +374,7 @@ PYBIND11_MODULE(_native, m) {
     if (n < 0) throw std::invalid_argument("shim_wire_encode refused the message");
     out.resize(static_cast<size_t>(n));
     return py::bytes(out);
-  }, "A prologue as the TCP loop sends it (dpdk_shim/prologue.c; tests compare it with wire.encode_prologue).");
+  }, "A prologue as the TCP loop sends it (dpdk_shim/wire/prologue.c; tests compare it with wire.encode_prologue).");
   m.def("wire_check", [wire_params](const py::tuple& w, const py::bytes& data) {
     const shim_wire wire = wire_params(w);
     const std::string d = data;

@@ -11,7 +11,7 @@
 // prologue that does not check out, a message longer than the buffer, a message not all
 // there yet) is left to Python, which reads, waits and raises as before.
 //
-// Prologues are checked and encoded by the shim's own C (dpdk_shim/prologue.c, compiled
+// Prologues are checked and encoded by the shim's own C (dpdk_shim/wire/prologue.c, compiled
 // into this module too: it needs no DPDK).
 //
 // The socket is a dup() of the transport's: Python's close() (shutdown, then close) ends

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * The channel's blocking calls on a connection: send, recv, close, and what Python
- * reads about it. Each loops "poll the port, check the condition, back off" (engine.c
+ * reads about it. Each loops "poll the port, check the condition, back off" (wait/engine.c
  * explains who polls); every loop has a deadline and watches for a local close.
  */
 #include <errno.h>
@@ -8,11 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chan.h"
+#include "api/api.h"
 
 #define ZC_DRAIN_NS 2000000000ull
-
-extern atomic_bool shim_down;
 
 /* -- send ------------------------------------------------------------------------------ */
 int
@@ -76,10 +74,10 @@ shim_conn_send(struct shim_conn *c, const struct shim_iov *iov, int n)
 			conn_push_data(c, m, now);
 			work++;
 			if (p->n_txq >= SHIM_BURST)
-				port_flush(p);
+				chan_flush(p);
 		}
 		if (!c->corked || msg_off != total || zc != NULL)
-			work += port_flush(p);
+			work += chan_flush(p);
 		pthread_mutex_unlock(&p->lock);
 		if (rc != 0)
 			break;
@@ -215,7 +213,7 @@ conn_recv_begin(struct shim_conn *c, void *head, uint64_t cap, int64_t timeout_n
 		pthread_mutex_lock(&p->lock);
 		work = chan_port_poll(p);
 		now = rte_rdtsc();
-		if (c->closed_local || atomic_load(&shim_down)) {
+		if (c->closed_local || atomic_load(&shutting_down)) {
 			rc = -ESHUTDOWN;
 		} else if (c->rcv_consumed != c->rcv_nxt) {
 			struct rx_slot *s = &c->rx[c->rcv_consumed & c->mask];
@@ -257,7 +255,7 @@ shim_conn_recv_into(struct shim_conn *c, const struct shim_iov *iov, int n)
 {
 	int rc;
 
-	if (c->closed_local || atomic_load(&shim_down))
+	if (c->closed_local || atomic_load(&shutting_down))
 		return -ESHUTDOWN;
 	atomic_fetch_add(&c->port->app_waiters, 1);
 	rc = recv_post(c, iov, n);
@@ -281,12 +279,12 @@ shim_conn_cork(struct shim_conn *c, int on)
 {
 	struct shim_port *p = c->port;
 
-	if (atomic_load(&shim_down))
+	if (atomic_load(&shutting_down))
 		return -ESHUTDOWN;
 	pthread_mutex_lock(&p->lock);
 	c->corked = on != 0;
 	if (!c->corked)
-		port_flush(p);
+		chan_flush(p);
 	pthread_mutex_unlock(&p->lock);
 	return 0;
 }
@@ -297,7 +295,7 @@ shim_conn_close(struct shim_conn *c, int64_t linger_ns)
 {
 	struct shim_port *p = c->port;
 
-	if (atomic_load(&shim_down)) {  /* ports are closed: nothing may touch them */
+	if (atomic_load(&shutting_down)) {  /* ports are closed: nothing may touch them */
 		c->closed_local = true;
 		return;
 	}

@@ -1,15 +1,15 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * The receiving half of the channel: frames in (demultiplexed by connection id and
- * peer MAC), the handshake, duplicates and reordering, the in-order copy into posted
- * buffers, timers (acks, retransmission, keepalive, liveness) and the port's poll.
- * Every function here runs with the port lock held, by whichever thread polls.
+ * peer MAC; the handshake's are hello.c's), duplicates and reordering, the in-order copy
+ * into posted buffers, timers (acks, retransmission, keepalive, liveness) and the port's
+ * poll. Every function here runs with the port lock held, by whichever thread polls.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chan.h"
+#include "chan/chan.h"
 
 /* -- receiving ---------------------------------------------------------------------- */
 static void
@@ -139,54 +139,6 @@ find_conn(struct shim_port *p, uint32_t id, const struct rte_ether_addr *src)
 	return NULL;
 }
 
-static bool
-read_hello(const struct frame *f, struct hello_body *b)
-{
-	if (f->len < sizeof(*b))
-		return false;
-	memcpy(b, f->chunk, sizeof(*b));
-	return rte_be_to_cpu_32(b->max_chunk) >= 64 && rte_be_to_cpu_32(b->window) >= 64;
-}
-
-static void
-on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64_t now)
-{
-	uint32_t id = rte_be_to_cpu_32(f->h->conn);
-	struct hello_body b;
-
-	if (c != NULL) {
-		if (c->state == CS_CONNECTING)
-			return;  /* our own broadcast, looped back by the link */
-		if (c->state == CS_OPEN)  /* our ACCEPT was lost */
-			hello_send(c, FT_ACCEPT, false);
-		return;
-	}
-	if (!p->listening) {
-		p->st.rx_no_conn++;
-		return;
-	}
-	if (!read_hello(f, &b)) {
-		p->st.rx_malformed++;
-		return;
-	}
-	if (p->n_conns >= SHIM_MAX_CONNS || (c = conn_new(p, id, &p->listen_opts)) == NULL) {
-		send_reset(p, f, id, now);
-		return;
-	}
-	rte_ether_addr_copy(&f->src, &c->peer_mac);
-	c->peer_ip = f->src_ip;
-	c->chunk = RTE_MIN(c->chunk, rte_be_to_cpu_32(b.max_chunk));
-	c->snd_limit = rte_be_to_cpu_32(b.window);
-	c->state = CS_OPEN;
-	c->group = p->listen_group;
-	c->last_rx = now;
-	c->data_crc = (f->h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
-	hello_doorbell_read(c, f);
-	conn_attach(p, c);
-	hello_send(c, FT_ACCEPT, false);
-	accept_push(c);  /* the queue holds the reference conn_new gave */
-}
-
 /* The peer sent a chunk without its CRC to a port that has begun to corrupt frames: an
  * ACK (it carries FF_WANT_CRC) tells it to cover them, its retransmissions included. */
 static void
@@ -204,24 +156,14 @@ on_frame(struct shim_port *p, struct frame *f, uint64_t now)
 	const struct frame_hdr *h = f->h;
 	uint32_t id = rte_be_to_cpu_32(h->conn);
 	struct shim_conn *c = find_conn(p, id, &f->src);
-	struct hello_body b;
 
 	switch (h->type) {
 	case FT_HELLO:
 		on_hello(p, f, c, now);
 		goto done;
 	case FT_ACCEPT:
-		if (c != NULL && c->state == CS_CONNECTING && read_hello(f, &b)) {
-			rte_ether_addr_copy(&f->src, &c->peer_mac);
-			c->peer_ip = f->src_ip;
-			c->chunk = RTE_MIN(c->chunk, rte_be_to_cpu_32(b.max_chunk));
-			c->snd_limit = rte_be_to_cpu_32(b.window);
-			c->data_crc = (h->flags & rte_cpu_to_be_16(FF_WANT_CRC)) != 0;
-			c->state = CS_OPEN;
-			c->last_rx = now;
-			hello_doorbell_read(c, f);
-			db_unlink(c->db_name);  /* the server mapped it when our HELLO came */
-		}
+		if (c != NULL && c->state == CS_CONNECTING)
+			on_accept(c, f, now);
 		goto done;
 	case FT_RESET:
 		if (c != NULL && c->state != CS_CONNECTING)
@@ -351,6 +293,19 @@ chan_port_down(struct shim_port *p, const char *why)
 	p->n_txq = 0;
 }
 
+void
+chan_port_goodbye(struct shim_port *p)
+{
+	for (int k = p->n_conns - 1; k >= 0; k--) {
+		struct shim_conn *c = p->conns[k];
+
+		if (c->state == CS_OPEN)
+			for (int j = 0; j < GOODBYE_COPIES; j++)
+				conn_send_ctrl(c, FT_GOODBYE, 0, NULL, 0, false);
+	}
+	chan_flush(p);
+}
+
 int
 chan_port_poll(struct shim_port *p)
 {
@@ -370,12 +325,12 @@ chan_port_poll(struct shim_port *p)
 			struct frame f;
 			int ret;
 
-			pkts[i] = frame_linear(p, pkts[i]);
+			pkts[i] = frame_linear(p->pool, pkts[i]);
 			if (pkts[i] == NULL) {
 				p->st.rx_malformed++;
 				continue;
 			}
-			ret = frame_parse(p, pkts[i], &f);
+			ret = frame_parse(pkts[i], &p->mac, port_may_corrupt(p), &f);
 
 			if (ret == 0) {
 				p->st.rx_frames++;
@@ -408,6 +363,6 @@ chan_port_poll(struct shim_port *p)
 		if (i < p->n_conns && p->conns[i] == c)
 			conn_timers(c, now);
 	}
-	work += port_flush(p);
+	work += chan_flush(p);
 	return work;
 }

@@ -16,6 +16,10 @@
  * frames off the port meanwhile; the sender stores the frame into the ring, then a full
  * barrier, then reads `sleepers` (Dekker: one of the two sees the other). A sleep still
  * ends at the waiter's nap time, so timers (keepalives, retransmissions) run as before.
+ *
+ * Here the page and its primitives; the waiting side (when to sleep, the last poll) is
+ * wait/waiter.c's, the naming of doorbells in the handshake chan/hello.c's, and the
+ * channel rings the peers after each burst (chan_flush).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -36,7 +40,7 @@
 #include <rte_pause.h>
 #include <rte_random.h>
 
-#include "chan.h"
+#include "link/link.h"
 
 #define DB_MAGIC 0x52414442u  /* "RADB" */
 #define DB_PREFIX "remote_accel-db-"
@@ -183,47 +187,34 @@ db_ring(struct doorbell *d)
 	futex(&d->seq, FUTEX_WAKE, INT_MAX, NULL);
 }
 
-/* Ring the peers of the connections that had frames in the burst just sent. */
-void
-db_ring_due(struct shim_port *p)
+/* The sleeper's side: sleepers++, a full barrier, then the caller polls once more and
+ * sleeps only if that found nothing (see above). Returns the word as it was before. */
+unsigned int
+db_sleep_begin(struct doorbell *d)
 {
-	for (int i = 0; i < p->n_conns; i++) {
-		struct shim_conn *c = p->conns[i];
-
-		if (c->db_due) {
-			c->db_due = false;
-			if (c->db_peer != NULL)
-				db_ring(c->db_peer);
-		}
-	}
-}
-
-void
-db_sleep(struct waiter *w, uint64_t ns)
-{
-	struct doorbell *d = w->db;
-	struct shim_port *p = w->port;
-	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
-			       .tv_nsec = (long)(ns % 1000000000ull) };
 	unsigned int seq = atomic_load(&d->seq);
-	uint64_t seen;
-	int work;
 
 	atomic_store_explicit(&d->cpu, -1, memory_order_relaxed);  /* a peer spinning here need not yield */
 	atomic_fetch_add(&d->sleepers, 1);  /* a locked RMW: a full barrier on x86 */
 	atomic_thread_fence(memory_order_seq_cst);
-	work = app_poll(p);
-	seen = __atomic_load_n(&p->rx_count, __ATOMIC_ACQUIRE);  /* frames other threads took count too */
-	if (work == 0 && seen == w->seen) {
-		long rc = futex(&d->seq, FUTEX_WAIT, seq, &ts);
+	return seq;
+}
 
-		__atomic_fetch_add(&w->conn->db_sleeps, 1, __ATOMIC_RELAXED);
-		if (rc == 0 || errno == EAGAIN)  /* rung (before or during the sleep), not timed out */
-			__atomic_fetch_add(&w->conn->db_wakeups, 1, __ATOMIC_RELAXED);
-	}
+bool
+db_wait(struct doorbell *d, unsigned int seq, uint64_t ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
+			       .tv_nsec = (long)(ns % 1000000000ull) };
+	long rc = futex(&d->seq, FUTEX_WAIT, seq, &ts);
+
+	return rc == 0 || errno == EAGAIN;  /* rung (before or during the sleep), not timed out */
+}
+
+void
+db_sleep_end(struct doorbell *d)
+{
 	atomic_fetch_sub(&d->sleepers, 1);
 	atomic_store_explicit(&d->cpu, sched_getcpu(), memory_order_relaxed);  /* awake, here */
-	w->seen = seen;
 }
 
 /* One turn of a waiter's spin. Two threads spinning for each other on one core (2-core
@@ -232,51 +223,15 @@ db_sleep(struct waiter *w, uint64_t ns)
  * while the peer runs on another core; otherwise (the same core, or the peer asleep: its
  * wake-up may land here) it yields (a system call: ~1 us per turn). */
 void
-db_spin(struct waiter *w)
+db_spin(struct doorbell *own, struct doorbell *peer)
 {
 	int cpu = sched_getcpu();
-	int peer = atomic_load_explicit(&w->peer->cpu, memory_order_relaxed);
+	int peer_cpu = atomic_load_explicit(&peer->cpu, memory_order_relaxed);
 
-	if (atomic_load_explicit(&w->db->cpu, memory_order_relaxed) != cpu)
-		atomic_store_explicit(&w->db->cpu, cpu, memory_order_relaxed);
-	if (peer >= 0 && peer != cpu)
+	if (atomic_load_explicit(&own->cpu, memory_order_relaxed) != cpu)
+		atomic_store_explicit(&own->cpu, cpu, memory_order_relaxed);
+	if (peer_cpu >= 0 && peer_cpu != cpu)
 		rte_pause();
 	else
 		sched_yield();
-}
-
-/* -- naming doorbells in the handshake ------------------------------------------------- */
-void
-hello_send(struct shim_conn *c, uint8_t type, bool broadcast)
-{
-	struct {
-		struct hello_body b;
-		struct hello_doorbell d;
-	} __attribute__((packed)) h;
-	uint32_t len = sizeof(h.b);
-
-	hello_body_fill(c, &h.b);
-	if (c->db_own != NULL && c->db_name[0] != '\0') {
-		memset(&h.d, 0, sizeof(h.d));
-		h.d.magic = rte_cpu_to_be_32(HELLO_DB_MAGIC);
-		h.d.token = rte_cpu_to_be_64(c->db_token);
-		snprintf(h.d.name, sizeof(h.d.name), "%s", c->db_name);
-		len = sizeof(h);
-	}
-	conn_send_ctrl(c, type, 0, &h, len, broadcast);
-}
-
-/* The peer's doorbell, from its HELLO (server) or ACCEPT (client). */
-void
-hello_doorbell_read(struct shim_conn *c, const struct frame *f)
-{
-	struct hello_doorbell d;
-
-	if (c->db_peer != NULL || !c->port->shared_memory ||
-	    f->len < sizeof(struct hello_body) + sizeof(d))
-		return;
-	memcpy(&d, f->chunk + sizeof(struct hello_body), sizeof(d));
-	if (rte_be_to_cpu_32(d.magic) != HELLO_DB_MAGIC || memchr(d.name, '\0', sizeof(d.name)) == NULL)
-		return;
-	c->db_peer = db_open(d.name, rte_be_to_cpu_64(d.token));
 }

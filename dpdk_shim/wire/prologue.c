@@ -9,13 +9,14 @@
  * exact error. Tests check that both sides produce the same bytes.
  *
  * No DPDK header here (nor in crc.c): the server's C++ module compiles these two files as
- * well, for its TCP sessions' receive loop (server/csrc/tcp_link.cpp), and links nothing
- * of the shim.
+ * well (with api/codec.c, where shim_wire_encode and shim_wire_check call these), for its
+ * TCP sessions' receive loop (server/csrc/tcp_link.cpp), and links nothing else of the shim.
  */
 #include <errno.h>
 #include <string.h>
 
-#include "shim.h"
+#define WIRE_NO_DPDK
+#include "wire/wire.h"
 
 /* Network byte order, written out (compilers turn these into a load and a bswap). */
 static void
@@ -58,9 +59,9 @@ get64(const uint8_t *p)
 }
 
 int64_t
-shim_wire_encode(const struct shim_wire *w, void *buf, uint64_t cap, uint8_t type,
-		 uint16_t flags, uint32_t req_id, const char *meta, uint32_t meta_len,
-		 const struct shim_iov *payloads, int n)
+prologue_encode(const struct shim_wire *w, void *buf, uint64_t cap, uint8_t type,
+		uint16_t flags, uint32_t req_id, const char *meta, uint32_t meta_len,
+		const struct shim_iov *payloads, int n)
 {
 	uint8_t *p = buf;
 	uint64_t need = SHIM_WIRE_HEADER + 8ull * (uint64_t)n + meta_len, total = 0;
@@ -86,14 +87,14 @@ shim_wire_encode(const struct shim_wire *w, void *buf, uint64_t cap, uint8_t typ
 	put32(p + 24, 0);
 	if (meta_len)
 		memcpy(p + SHIM_WIRE_HEADER + 8 * n, meta, meta_len);
-	crc = shim_crc32c(0, p, need);
+	crc = crc32c(0, p, need);
 	put32(p + 24, crc);
 	return (int64_t)need;
 }
 
 int
-shim_wire_check(const struct shim_wire *w, const void *buf, uint64_t len, uint64_t msg_len,
-		struct shim_msg_info *out)
+prologue_check(const struct shim_wire *w, const void *buf, uint64_t len, uint64_t msg_len,
+	       struct shim_msg_info *out)
 {
 	const uint8_t *p = buf;
 	uint8_t zeroed[SHIM_WIRE_HEADER];
@@ -125,8 +126,8 @@ shim_wire_check(const struct shim_wire *w, const void *buf, uint64_t len, uint64
 		return 0;
 	memcpy(zeroed, p, SHIM_WIRE_HEADER);
 	memset(zeroed + 24, 0, 4);
-	crc = shim_crc32c(shim_crc32c(0, zeroed, SHIM_WIRE_HEADER), p + SHIM_WIRE_HEADER,
-			  plen - SHIM_WIRE_HEADER);
+	crc = crc32c(crc32c(0, zeroed, SHIM_WIRE_HEADER), p + SHIM_WIRE_HEADER,
+		     plen - SHIM_WIRE_HEADER);
 	if (crc != out->crc)
 		return 0;
 	out->status = 0;

@@ -20,7 +20,7 @@
 
 #include <rte_ethdev.h>
 
-#include "shim_internal.h"
+#include "link/link.h"
 
 static __thread sigjmp_buf *guard_env;
 static struct sigaction old_segv, old_bus;

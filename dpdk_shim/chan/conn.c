@@ -1,20 +1,55 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * The sending half of the channel and a connection's life: creating, attaching and
- * freeing connections, building frames (data, acks, control), retransmission, and
- * what an incoming ack means to the sender. The port lock is held throughout.
+ * freeing connections, building frames (data, acks, control), retransmission, what an
+ * incoming ack means to the sender, and the port's TX queue as the channel uses it
+ * (peers asleep on a doorbell are rung once their frames are out). The port lock is
+ * held throughout.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chan.h"
+#include "chan/chan.h"
 
 static void
 retain(struct rte_mbuf *m)
 {
 	for (struct rte_mbuf *s = m; s != NULL; s = s->next)
 		rte_mbuf_refcnt_update(s, 1);
+}
+
+/* -- the TX queue ---------------------------------------------------------------------- */
+/* Ring the peers of the connections that had frames in the burst just sent. */
+static void
+ring_due(struct shim_port *p)
+{
+	for (int i = 0; i < p->n_conns; i++) {
+		struct shim_conn *c = p->conns[i];
+
+		if (c->db_due) {
+			c->db_due = false;
+			if (c->db_peer != NULL)
+				db_ring(c->db_peer);
+		}
+	}
+}
+
+void
+chan_queue(struct shim_port *p, struct rte_mbuf *m)
+{
+	if (port_queue(p, m) > 0 && p->shared_memory)
+		ring_due(p);  /* a full queue was flushed to make room */
+}
+
+int
+chan_flush(struct shim_port *p)
+{
+	int sent = port_flush(p);
+
+	if (sent > 0 && p->shared_memory)
+		ring_due(p);  /* wake the peers that sleep waiting for these frames */
+	return sent;
 }
 
 struct shim_conn *
@@ -165,7 +200,7 @@ start_frame(struct shim_port *p, struct rte_mbuf *m, const struct rte_ether_addr
 	m->data_len = FRAME_OVERHEAD;
 	m->pkt_len = FRAME_OVERHEAD;
 
-	frame_l2l4(p, buf, dst, dst_ip, (uint32_t)sizeof(*h) + len);
+	frame_l2l4(buf, &p->mac, p->ip, dst, dst_ip, (uint32_t)sizeof(*h) + len);
 	memset(h, 0, sizeof(*h));
 	h->magic = rte_cpu_to_be_16(FRAME_MAGIC);
 	h->version = FRAME_VERSION;
@@ -205,7 +240,7 @@ conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *bo
 		p->st.tx_acks++;
 	else if (type == FT_KEEPALIVE)
 		p->st.tx_keepalives++;
-	port_queue(p, m);
+	chan_queue(p, m);
 }
 
 void
@@ -223,15 +258,7 @@ send_reset(struct shim_port *p, const struct frame *f, uint32_t id, uint64_t now
 		return;
 	h = start_frame(p, m, &f->src, f->src_ip, FT_RESET, id, 0);
 	h->crc = rte_cpu_to_be_32(frame_crc(h, NULL, 0));
-	port_queue(p, m);
-}
-
-void
-hello_body_fill(const struct shim_conn *c, struct hello_body *b)
-{
-	b->max_chunk = rte_cpu_to_be_32(c->chunk);
-	b->window = rte_cpu_to_be_32(c->window);
-	b->peer_timeout_ns = rte_cpu_to_be_64(c->o.peer_timeout_ns);
+	chan_queue(p, m);
 }
 
 /* -- sending ------------------------------------------------------------------------ */
@@ -356,7 +383,7 @@ conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now)
 	c->last_tx = now;
 	c->db_due = true;
 	c->st.tx_frames++;
-	port_queue(c->port, m);
+	chan_queue(c->port, m);
 }
 
 /* A frame sent without its chunk's CRC to a peer that since asked for it (its port
@@ -378,7 +405,7 @@ retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now)
 			    rte_cpu_to_be_16(FF_NO_DATA_CRC)))
 		cover_chunk(s->m);
 	retain(s->m);
-	port_queue(c->port, s->m);
+	chan_queue(c->port, s->m);
 	s->sent = now;
 	s->n_tx++;
 	c->last_tx = now;

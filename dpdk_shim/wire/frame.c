@@ -12,7 +12,7 @@
 #include <rte_ip.h>
 #include <rte_udp.h>
 
-#include "shim_internal.h"
+#include "wire/wire.h"
 
 uint32_t
 frame_crc(const struct frame_hdr *h, const void *chunk, uint32_t len)
@@ -22,20 +22,20 @@ frame_crc(const struct frame_hdr *h, const void *chunk, uint32_t len)
 
 	memcpy(&tmp, h, sizeof(tmp));
 	tmp.crc = 0;
-	crc = shim_crc32c(0, &tmp, sizeof(tmp));
-	return shim_crc32c(crc, chunk, len);
+	crc = crc32c(0, &tmp, sizeof(tmp));
+	return crc32c(crc, chunk, len);
 }
 
 void
-frame_l2l4(struct shim_port *p, uint8_t *buf, const struct rte_ether_addr *dst,
-	   uint32_t dst_ip, uint32_t l4_payload)
+frame_l2l4(uint8_t *buf, const struct rte_ether_addr *src, uint32_t src_ip,
+	   const struct rte_ether_addr *dst, uint32_t dst_ip, uint32_t l4_payload)
 {
 	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)buf;
 	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
 	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
 
 	rte_ether_addr_copy(dst, &eth->dst_addr);
-	rte_ether_addr_copy(&p->mac, &eth->src_addr);
+	rte_ether_addr_copy(src, &eth->src_addr);
 	eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
 	ip->version_ihl = RTE_IPV4_VHL_DEF;
 	ip->type_of_service = 0;
@@ -45,7 +45,7 @@ frame_l2l4(struct shim_port *p, uint8_t *buf, const struct rte_ether_addr *dst,
 	ip->time_to_live = 64;
 	ip->next_proto_id = IPPROTO_UDP;
 	ip->hdr_checksum = 0;
-	ip->src_addr = p->ip;
+	ip->src_addr = src_ip;
 	ip->dst_addr = dst_ip;
 	ip->hdr_checksum = rte_ipv4_cksum(ip);
 	udp->src_port = rte_cpu_to_be_16(SHIM_UDP_PORT);
@@ -58,13 +58,13 @@ frame_l2l4(struct shim_port *p, uint8_t *buf, const struct rte_ether_addr *dst,
  * the sender still holds for retransmission) becomes a private linear copy: never
  * linearize in place what someone else may hold. */
 struct rte_mbuf *
-frame_linear(struct shim_port *p, struct rte_mbuf *m)
+frame_linear(struct rte_mempool *pool, struct rte_mbuf *m)
 {
 	struct rte_mbuf *c;
 
 	if (m->nb_segs == 1)
 		return m;
-	c = rte_pktmbuf_copy(m, p->pool, 0, UINT32_MAX);
+	c = rte_pktmbuf_copy(m, pool, 0, UINT32_MAX);
 	rte_pktmbuf_free(m);
 	if (c != NULL && c->nb_segs > 1) {
 		rte_pktmbuf_free(c);
@@ -77,7 +77,7 @@ frame_linear(struct shim_port *p, struct rte_mbuf *m)
  * -EILSEQ: checksum mismatch; -ENOMSG: a sound header whose chunk has no checksum,
  * on a port that may have corrupted it (f is filled in). Counters are the caller's. The mbuf is single-segment. */
 int
-frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
+frame_parse(struct rte_mbuf *m, const struct rte_ether_addr *mac, bool may_corrupt, struct frame *f)
 {
 	const struct rte_ether_hdr *eth;
 	const struct rte_ipv4_hdr *ip;
@@ -98,7 +98,7 @@ frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
 	if (udp->dst_port != rte_cpu_to_be_16(SHIM_UDP_PORT))
 		return -ENOENT;
 	if (!rte_is_broadcast_ether_addr(&eth->dst_addr) &&
-	    !rte_is_same_ether_addr(&eth->dst_addr, &p->mac))
+	    !rte_is_same_ether_addr(&eth->dst_addr, mac))
 		return -ENOENT;
 	/* From here on the frame claims to be ours: anything wrong is malformed. */
 	ip_len = rte_be_to_cpu_16(ip->total_length);
@@ -126,23 +126,23 @@ frame_parse(struct shim_port *p, struct rte_mbuf *m, struct frame *f)
 	rte_ether_addr_copy(&eth->src_addr, &f->src);
 	f->src_ip = ip->src_addr;
 	/* an uncovered chunk is only taken where this port cannot have corrupted it */
-	if (covered != chunk_len && port_may_corrupt(p))
+	if (covered != chunk_len && may_corrupt)
 		return -ENOMSG;
 	return 0;
 }
 
 int
-shim_frame_build(void *buf, uint32_t cap, uint8_t type, uint32_t conn, uint32_t seq,
-		 const void *chunk, uint32_t len)
+frame_build(void *buf, uint32_t cap, uint8_t type, uint32_t conn, uint32_t seq,
+	    const void *chunk, uint32_t len)
 {
-	static struct shim_port dummy;  /* MAC and IP of zeros: a test frame */
+	static const struct rte_ether_addr zero;  /* a test frame: from MAC and IP zero */
 	struct rte_ether_addr bcast;
 	struct frame_hdr *h;
 
 	if (cap < FRAME_OVERHEAD + len || len > UINT16_MAX)
 		return -ENOSPC;
 	memset(&bcast, 0xff, sizeof(bcast));
-	frame_l2l4(&dummy, buf, &bcast, 0xffffffff, sizeof(*h) + len);
+	frame_l2l4(buf, &zero, 0, &bcast, 0xffffffff, sizeof(*h) + len);
 	h = (struct frame_hdr *)((uint8_t *)buf + L2L4_LEN);
 	memset(h, 0, sizeof(*h));
 	h->magic = rte_cpu_to_be_16(FRAME_MAGIC);

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * Whole messages on a connection: the prologue (prologue.c) and the payloads sent as one
- * message, a message received with its prologue checked.
+ * Whole messages on a connection: the prologue (wire/prologue.c) and the payloads sent as
+ * one message, a message received with its prologue checked.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shim_internal.h"
+#include "api/api.h"
 
 #define SMALL_PROLOGUE 2048
 #define SMALL_IOV 32
@@ -29,7 +29,7 @@ shim_conn_send_msg(struct shim_conn *c, const struct shim_wire *w, uint8_t type,
 		rc = -ENOMEM;
 		goto out;
 	}
-	len = shim_wire_encode(w, pro, need, type, flags, req_id, meta, meta_len, payloads, n);
+	len = prologue_encode(w, pro, need, type, flags, req_id, meta, meta_len, payloads, n);
 	if (len < 0) {
 		rc = (int)len;
 		goto out;
@@ -71,6 +71,6 @@ shim_conn_recv_msg(struct shim_conn *c, const struct shim_wire *w, void *head, u
 	int64_t n = conn_recv_begin(c, head, cap, timeout_ns, &msg_len);
 
 	if (n >= 0)
-		shim_wire_check(w, head, (uint64_t)n, msg_len, out);
+		prologue_check(w, head, (uint64_t)n, msg_len, out);
 	return n;
 }

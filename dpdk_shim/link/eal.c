@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * EAL start-up (once per process), DPDK log capture, pinned memory.
+ * The process's DPDK state: EAL start-up (once per process), DPDK log capture, the TSC
+ * clock, the port table (its locks made with the EAL) and the shutdown flag.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -10,18 +11,14 @@
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_log.h>
-#include <rte_malloc.h>
-#include <rte_memory.h>
 
-#include "shim_internal.h"
-
-#ifndef SHIM_VERSION
-#define SHIM_VERSION "unknown"
-#endif
+#include "link/link.h"
 
 #define LOG_CAP (64 * 1024)
 
-uint64_t shim_tsc_hz;
+struct shim_port port_table[SHIM_MAX_PORTS];
+uint64_t tsc_hz;
+atomic_bool shutting_down;
 
 static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool eal_done;
@@ -34,12 +31,6 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_ring[LOG_CAP];
 static size_t log_head;       /* bytes written, ever */
 static size_t log_tail;       /* bytes read, ever */
-
-const char *
-shim_version(void)
-{
-	return SHIM_VERSION;
-}
 
 static ssize_t
 log_write(void *cookie, const char *buf, size_t size)
@@ -55,8 +46,8 @@ log_write(void *cookie, const char *buf, size_t size)
 	return (ssize_t)size;
 }
 
-void
-eal_capture_log(void)
+static void
+capture_log(void)
 {
 	static FILE *stream;
 	cookie_io_functions_t io = { .write = log_write };
@@ -71,7 +62,7 @@ eal_capture_log(void)
 }
 
 int
-shim_log_read(char *buf, size_t cap)
+log_read(char *buf, size_t cap)
 {
 	size_t n;
 
@@ -87,7 +78,7 @@ shim_log_read(char *buf, size_t cap)
 }
 
 int
-shim_eal_init(int argc, char **argv)
+eal_init(int argc, char **argv)
 {
 	char **copy;
 	size_t len = 0;
@@ -100,7 +91,7 @@ shim_eal_init(int argc, char **argv)
 		pthread_mutex_unlock(&eal_lock);
 		return -EALREADY;
 	}
-	/* rte_eal_init permutes argv; keep what the caller gave for shim_eal_args. */
+	/* rte_eal_init permutes argv; keep what the caller gave for eal_args. */
 	for (int i = 0; i < argc; i++)
 		len += strlen(argv[i]) + 1;
 	eal_argv_copy = malloc(len);
@@ -120,7 +111,7 @@ shim_eal_init(int argc, char **argv)
 		eal_argv_len += n;
 		copy[i] = argv[i];
 	}
-	eal_capture_log();
+	capture_log();
 	ret = rte_eal_init(argc, copy);
 	free(copy);
 	if (ret < 0) {
@@ -130,64 +121,26 @@ shim_eal_init(int argc, char **argv)
 		pthread_mutex_unlock(&eal_lock);
 		return ret;
 	}
-	shim_tsc_hz = rte_get_tsc_hz();
+	tsc_hz = rte_get_tsc_hz();
 	for (int i = 0; i < SHIM_MAX_PORTS; i++)
-		pthread_mutex_init(&shim_ports[i].lock, NULL);
+		pthread_mutex_init(&port_table[i].lock, NULL);
 	eal_done = true;
 	pthread_mutex_unlock(&eal_lock);
 	return 0;
 }
 
-int
-shim_eal_initialized(void)
+bool
+eal_initialized(void)
 {
-	return eal_done && shim_tsc_hz != 0;
+	return eal_done && tsc_hz != 0;
 }
 
 int
-shim_eal_args(char *buf, size_t cap)
+eal_args(char *buf, size_t cap)
 {
-	if (!shim_eal_initialized())
+	if (!eal_initialized())
 		return -ENODEV;
 	if (buf != NULL && cap >= eal_argv_len)
 		memcpy(buf, eal_argv_copy, eal_argv_len);
 	return (int)eal_argv_len;
-}
-
-int
-shim_eal_runtime_dir(char *buf, size_t cap)
-{
-	const char *dir;
-	size_t n;
-
-	if (!shim_eal_initialized())
-		return -ENODEV;
-	dir = rte_eal_get_runtime_dir();
-	n = strlen(dir) + 1;
-	if (buf == NULL || cap < n)
-		return -ENOSPC;
-	memcpy(buf, dir, n);
-	return (int)n - 1;
-}
-
-void *
-shim_mem_alloc(uint64_t size, uint32_t align)
-{
-	if (!shim_eal_initialized() || size == 0)
-		return NULL;
-	return rte_malloc("remote_accel", size, align ? align : 64);
-}
-
-void
-shim_mem_free(void *ptr)
-{
-	rte_free(ptr);
-}
-
-int
-shim_mem_is_dpdk(const void *ptr)
-{
-	if (!shim_eal_initialized())
-		return 0;
-	return rte_mem_virt2memseg(ptr, NULL) != NULL;
 }

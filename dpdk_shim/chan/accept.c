@@ -1,14 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * The accept queues, one per listen group: the channel (chan.c) pushes each new server
- * connection here when its HELLO arrives, and shim_accept takes them. A leaf: it calls
- * nothing of the shim, so that the poll thread's channel code never calls up.
+ * The accept queues, one per listen group: the handshake (hello.c) pushes each new server
+ * connection here when its HELLO arrives, and shim_accept takes them. A leaf of the
+ * channel: it calls nothing of the shim.
  */
 #include <errno.h>
 #include <time.h>
 
-#include "chan.h"
-
-extern atomic_bool shim_down;
+#include "chan/chan.h"
 
 static pthread_mutex_t accept_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t accept_cond;
@@ -53,13 +51,11 @@ accept_push(struct shim_conn *c)
 }
 
 int
-shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
+accept_take(int32_t group, int64_t timeout_ns, struct shim_conn **out)
 {
 	struct timespec ts;
 	int rc = 0;
 
-	if (group < 0 || group >= ACCEPT_GROUPS)
-		return -EINVAL;
 	pthread_once(&accept_once, accept_init);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	if (timeout_ns >= 0) {
@@ -70,7 +66,7 @@ shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
 	}
 	pthread_mutex_lock(&accept_lock);
 	while (accept_head[group] == NULL && rc == 0) {
-		if (accept_cancelled[group] || atomic_load(&shim_down))
+		if (accept_cancelled[group] || atomic_load(&shutting_down))
 			rc = -ESHUTDOWN;
 		else if (timeout_ns < 0)
 			pthread_cond_wait(&accept_cond, &accept_lock);
@@ -87,16 +83,12 @@ shim_accept(int32_t group, int64_t timeout_ns, struct shim_conn **out)
 		*out = c;
 	}
 	pthread_mutex_unlock(&accept_lock);
-	if (rc == 0 && (*out)->port->is_memif)
-		memif_regions_prefault();  /* the new client's region: before its first message */
 	return rc;
 }
 
 void
-shim_accept_cancel(int32_t group)
+accept_cancel(int32_t group)
 {
-	if (group < 0 || group >= ACCEPT_GROUPS)
-		return;
 	pthread_once(&accept_once, accept_init);
 	pthread_mutex_lock(&accept_lock);
 	accept_cancelled[group] = 1;

@@ -11,7 +11,7 @@
 
 #include <rte_mbuf.h>
 
-#include "shim_internal.h"
+#include "link/link.h"
 
 static uint64_t
 next_rand(uint64_t *s)

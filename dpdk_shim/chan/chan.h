@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * The reliable message channel: one connection's state, shared by chan.c (frames in
- * and out, acks, timers) and api.c (the blocking calls Python makes).
+ * The channel: the reliable message channel and its handshake. What the layers above
+ * may use of it (the poll thread and waiters in wait/, the blocking calls Python makes in
+ * api/); it calls only the link and the wire below (wire/wire.h names the layers). All
+ * of it runs with the port lock held, by whichever thread polls, unless it says otherwise.
  *
  * Sequence space: every DATA frame takes one number. The sender keeps each frame
  * (an mbuf reference) until the receiver's cumulative ack passes it, retransmits
@@ -12,7 +14,9 @@
 #ifndef REMOTE_ACCEL_CHAN_H
 #define REMOTE_ACCEL_CHAN_H
 
-#include "shim_internal.h"
+#include <errno.h>
+
+#include "link/link.h"
 
 enum conn_state {
 	CS_CONNECTING = 1,
@@ -84,14 +88,14 @@ struct shim_conn {
 	int post_n, post_i;
 	uint64_t post_off, post_left;
 	uint64_t last_rx_progress;
-	/* doorbells (doorbell.c; shared-memory ports): ours, which the peer rings when it
+	/* doorbells (link/doorbell.c; shared-memory ports): ours, which the peer rings when it
 	 * sends to us while we sleep, and the peer's, which we ring */
 	struct doorbell *db_own, *db_peer;
 	uint64_t db_token;
 	char db_name[HELLO_DB_NAME];  /* ours, while it still has a name (unlinked once mapped) */
 	bool db_due;                  /* frames queued for the peer since the last flush */
 	bool corked;                  /* shim_conn_cork: a send queues its frames, no burst */
-	uint64_t db_sleeps, db_wakeups;  /* atomics: waiters count them without the lock */
+	uint64_t db_sleeps, db_wakeups;  /* atomics: waiters (wait/waiter.c) count them without the lock */
 	/* accept queue */
 	struct shim_conn *accept_next;
 	int32_t group;
@@ -114,30 +118,6 @@ struct shim_conn {
 static inline bool seq_lt(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 static inline bool seq_le(uint32_t a, uint32_t b) { return (int32_t)(a - b) <= 0; }
 
-/* conn.c and chan.c: all with the port lock held */
-void conn_detach(struct shim_conn *c);
-void free_tx(struct shim_conn *c);
-void send_reset(struct shim_port *p, const struct frame *f, uint32_t id, uint64_t now);
-void hello_body_fill(const struct shim_conn *c, struct hello_body *b);
-void retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now);
-void on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now);
-struct shim_conn *conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o);
-void conn_attach(struct shim_port *p, struct shim_conn *c);
-void conn_unref(struct shim_conn *c);
-void conn_kill(struct shim_conn *c, int err, const char *why);
-void conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *body,
-		    uint32_t len, bool broadcast);
-uint64_t conn_deliver(struct shim_conn *c);
-bool conn_can_send(const struct shim_conn *c);
-struct rte_mbuf *conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n,
-				 int *iov_i, uint64_t *iov_off, uint64_t msg_off, uint64_t total,
-				 uint32_t msg_id, struct zc_ref *zc);
-void conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now);
-void conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns);
-void zc_init(struct zc_ref *z);
-
-extern atomic_bool shim_down;
-
 static inline uint64_t
 deadline_of(int64_t timeout_ns, uint64_t now)
 {
@@ -148,7 +128,7 @@ deadline_of(int64_t timeout_ns, uint64_t now)
 static inline int
 conn_error(const struct shim_conn *c)
 {
-	if (c->closed_local || atomic_load(&shim_down))
+	if (c->closed_local || atomic_load(&shutting_down))
 		return -ESHUTDOWN;
 	switch (c->state) {
 	case CS_OPEN:
@@ -161,39 +141,56 @@ conn_error(const struct shim_conn *c)
 	}
 }
 
-/* accept.c */
+/* conn.c: a connection's life, and its frames out */
+struct shim_conn *conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o);  /* not attached */
+void conn_attach(struct shim_port *p, struct shim_conn *c);
+void conn_detach(struct shim_conn *c);
+void conn_unref(struct shim_conn *c);  /* the last reference frees it (lock held or not) */
+void conn_kill(struct shim_conn *c, int err, const char *why);
+void free_tx(struct shim_conn *c);
+void send_reset(struct shim_port *p, const struct frame *f, uint32_t id, uint64_t now);
+void conn_send_ctrl(struct shim_conn *c, uint8_t type, uint16_t flags, const void *body,
+		    uint32_t len, bool broadcast);
+bool conn_can_send(const struct shim_conn *c);
+void zc_init(struct zc_ref *z);  /* no lock */
+struct rte_mbuf *conn_data_frame(struct shim_conn *c, const struct shim_iov *iov, int n,
+				 int *iov_i, uint64_t *iov_off, uint64_t msg_off, uint64_t total,
+				 uint32_t msg_id, struct zc_ref *zc);
+void conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now);
+void retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now);
+void on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now);
+/* The port's TX queue, as the channel uses it: after frames went out, the peers asleep
+ * on a doorbell for them are rung (port_queue and port_flush wake nobody). */
+void chan_queue(struct shim_port *p, struct rte_mbuf *m);
+int chan_flush(struct shim_port *p);  /* frames gone */
+
+/* hello.c: the handshake */
+void hello_send(struct shim_conn *c, uint8_t type, bool broadcast);
+void on_hello(struct shim_port *p, const struct frame *f, struct shim_conn *c, uint64_t now);
+void on_accept(struct shim_conn *c, const struct frame *f, uint64_t now);
+
+/* chan.c: frames in, timers, the port's poll */
+uint64_t conn_deliver(struct shim_conn *c);  /* into the posted buffers; bytes copied */
+void conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns);
+int chan_port_poll(struct shim_port *p);  /* frames handled */
+void chan_port_down(struct shim_port *p, const char *why);
+void chan_port_goodbye(struct shim_port *p);  /* shutdown: GOODBYE on every open connection */
+
+/* connect.c: making connections (no lock held: each takes it) */
+/* Wait (sleeping, not polling) for the port's link from now until deadline (tsc); a
+ * memif client is restarted now and then. 0, or -ENOLINK. */
+int connect_link(struct shim_port *p, uint64_t now, uint64_t deadline);
+/* A new client connection, attached, saying HELLO from the next poll on. */
+int connect_open(struct shim_port *p, const struct shim_conn_opts *o, struct shim_conn **out);
+void listen_start(struct shim_port *p, const struct shim_conn_opts *o);
+void listen_stop(struct shim_port *p);
+
+/* accept.c: the accept queues (their own lock, not the port's) */
 #define ACCEPT_GROUPS 16  /* listen groups, each with its accept queue */
 void accept_push(struct shim_conn *c);
 void accept_reopen(int group);  /* a listen again takes connections */
-
-/* engine.c: waiting with backoff */
-struct waiter {
-	uint64_t idle_since;
-	uint64_t spin;
-	bool busy;
-	struct shim_port *port;    /* with db: naps become sleeps on the doorbell */
-	struct doorbell *db, *peer;
-	struct shim_conn *conn;
-	uint64_t seen;             /* port->rx_count at the last pause */
-};
-void waiter_init(struct waiter *w, const struct shim_conn_opts *o);
-void waiter_init_conn(struct waiter *w, struct shim_conn *c);
-void waiter_pause(struct waiter *w, uint64_t now, bool progress);
-/* One poll of the port by an application thread; returns frames handled. */
-int app_poll(struct shim_port *p);
-
-/* doorbell.c */
-struct doorbell *db_create(char *name, size_t cap, uint64_t *token);
-struct doorbell *db_open(const char *name, uint64_t token);
-void db_close(struct doorbell *d);
-void db_unlink(char *name);
-void db_ring(struct doorbell *d);
-void db_sleep(struct waiter *w, uint64_t ns);
-void db_spin(struct waiter *w);
-void hello_send(struct shim_conn *c, uint8_t type, bool broadcast);
-void hello_doorbell_read(struct shim_conn *c, const struct frame *f);
-
-/* prefault.c */
-void memif_regions_prefault(void);
+/* Wait up to timeout for a connection of the group; 0, -ETIMEDOUT, -ESHUTDOWN. */
+int accept_take(int32_t group, int64_t timeout_ns, struct shim_conn **out);
+void accept_cancel(int32_t group);
 
 #endif

@@ -1,19 +1,15 @@
 /* SPDX-License-Identifier: BSD-3-Clause
- * Ports: setup of any ethdev that EAL args name (vdev or PCI), ring pairs, the burst
- * wrappers (with the fault stage between protocol and PMD), stats, raw frames.
+ * Ports: setup of any ethdev that EAL args name (vdev or PCI), the mbuf pools, the burst
+ * wrappers (with the fault stage between protocol and PMD) and the TX queue.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <rte_bus_vdev.h>
-#include <rte_eth_ring.h>
 #include <rte_ethdev.h>
-#include <rte_malloc.h>
-#include <rte_ring.h>
 
-#include "shim_internal.h"
+#include "link/link.h"
 
 #define RX_DESC 1024
 #define TX_DESC 1024
@@ -27,14 +23,12 @@
  * bsize memif gathers a header + extbuf chain into one descriptor. */
 #define ROOM_SLACK 64
 
-struct shim_port shim_ports[SHIM_MAX_PORTS];
-
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rte_mempool *pools[MAX_POOLS];
 static uint32_t pool_room[MAX_POOLS];
 
 struct rte_mempool *
-shim_pool_at(int i)
+pool_at(int i)
 {
 	return i >= 0 && i < MAX_POOLS ? pools[i] : NULL;
 }
@@ -42,14 +36,14 @@ shim_pool_at(int i)
 struct shim_port *
 port_get(uint16_t port)
 {
-	if (port >= SHIM_MAX_PORTS || !shim_ports[port].ready)
+	if (port >= SHIM_MAX_PORTS || !port_table[port].ready)
 		return NULL;
-	return &shim_ports[port];
+	return &port_table[port];
 }
 
 /* One pool per data room size, shared by the ports that need that size. */
-struct rte_mempool *
-shim_pool_for(uint32_t max_frame, uint32_t n_mbufs)
+static struct rte_mempool *
+pool_for(uint32_t max_frame, uint32_t n_mbufs)
 {
 	uint32_t room = max_frame + ROOM_SLACK + RTE_PKTMBUF_HEADROOM;
 	char name[RTE_MEMPOOL_NAMESIZE];
@@ -81,7 +75,7 @@ default_max_frame(const struct rte_eth_dev_info *info)
 }
 
 int
-shim_port_link(uint16_t port)
+port_link(uint16_t port)
 {
 	struct rte_eth_link link;
 	int ret;
@@ -103,11 +97,11 @@ port_setup(uint16_t port, const struct shim_port_conf *conf)
 	uint16_t nb_rxd, nb_txd;
 	int ret, socket;
 
-	if (!shim_eal_initialized())
+	if (!eal_initialized())
 		return -ENODEV;
 	if (port >= SHIM_MAX_PORTS || !rte_eth_dev_is_valid_port(port))
 		return -ENODEV;
-	p = &shim_ports[port];
+	p = &port_table[port];
 	pthread_mutex_lock(&setup_lock);
 	if (p->ready) {
 		pthread_mutex_unlock(&setup_lock);
@@ -137,8 +131,8 @@ port_setup(uint16_t port, const struct shim_port_conf *conf)
 		goto out;
 	}
 	/* Mbuf pool */
-	p->pool = shim_pool_for(RTE_MAX(p->max_frame, conf ? conf->min_room : 0),
-				conf ? conf->n_mbufs : 0);
+	p->pool = pool_for(RTE_MAX(p->max_frame, conf ? conf->min_room : 0),
+			  conf ? conf->n_mbufs : 0);
 	if (p->pool == NULL) {
 		ret = rte_errno ? -rte_errno : -ENOMEM;
 		goto out;
@@ -191,7 +185,7 @@ port_setup(uint16_t port, const struct shim_port_conf *conf)
 	p->raw = conf && conf->raw;
 	if (p->is_memif)
 		guard_init();
-	p->link_up = shim_port_link(port) == 1;
+	p->link_up = port_link(port) == 1;
 	p->ready = true;
 out:
 	pthread_mutex_unlock(&setup_lock);
@@ -211,49 +205,6 @@ port_restart(struct shim_port *p)
 	return ret;
 }
 
-int
-shim_vdev_add(const char *name, const char *args)
-{
-	uint16_t port;
-	int ret;
-
-	if (!shim_eal_initialized())
-		return -ENODEV;
-	ret = rte_eal_hotplug_add("vdev", name, args ? args : "");
-	if (ret != 0)
-		return ret < 0 ? ret : -EINVAL;
-	ret = rte_eth_dev_get_port_by_name(name, &port);
-	return ret != 0 ? ret : port;
-}
-
-int
-shim_ring_pair(const char *name, uint16_t *port_a, uint16_t *port_b)
-{
-	struct rte_ring *ab, *ba;
-	char rname[RTE_RING_NAMESIZE];
-	char pname[64];
-	int a, b;
-
-	if (!shim_eal_initialized())
-		return -ENODEV;
-	/* Each ring has one producer and one consumer port, each under its port lock. */
-	snprintf(rname, sizeof(rname), "%s_ab", name);
-	ab = rte_ring_create(rname, 2048, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
-	snprintf(rname, sizeof(rname), "%s_ba", name);
-	ba = rte_ring_create(rname, 2048, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
-	if (ab == NULL || ba == NULL)
-		return rte_errno ? -rte_errno : -ENOMEM;
-	snprintf(pname, sizeof(pname), "%s_a", name);
-	a = rte_eth_from_rings(pname, &ba, 1, &ab, 1, rte_socket_id());
-	snprintf(pname, sizeof(pname), "%s_b", name);
-	b = rte_eth_from_rings(pname, &ab, 1, &ba, 1, rte_socket_id());
-	if (a < 0 || b < 0)
-		return rte_errno ? -rte_errno : -EINVAL;
-	*port_a = (uint16_t)a;
-	*port_b = (uint16_t)b;
-	return 0;
-}
-
 uint16_t
 port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t cap)
 {
@@ -268,30 +219,36 @@ port_rx(struct shim_port *p, struct rte_mbuf **pkts, uint16_t cap)
 	return fault_apply(&p->fault[SHIM_RX], p, pkts, n, cap);
 }
 
-static void
+/* Returns the frames a flush sent to make room. */
+static int
 txq_append(struct shim_port *p, struct rte_mbuf *m)
 {
+	int sent = 0;
+
 	if (p->n_txq == SHIM_TXQ_CAP)
-		port_flush(p);
+		sent = port_flush(p);
 	if (p->n_txq == SHIM_TXQ_CAP) {
 		/* The PMD takes nothing (peer gone, ring full): drop, retransmission covers. */
 		rte_pktmbuf_free(m);
 		p->st.tx_full++;
-		return;
+		return sent;
 	}
 	p->txq[p->n_txq++] = m;
+	return sent;
 }
 
-void
+int
 port_queue(struct shim_port *p, struct rte_mbuf *m)
 {
 	struct rte_mbuf *tmp[2 + SHIM_HOLD_MAX];
 	uint16_t n;
+	int sent = 0;
 
 	tmp[0] = m;
 	n = fault_apply(&p->fault[SHIM_TX], p, tmp, 1, RTE_DIM(tmp));
 	for (uint16_t i = 0; i < n; i++)
-		txq_append(p, tmp[i]);
+		sent += txq_append(p, tmp[i]);
+	return sent;
 }
 
 int
@@ -330,8 +287,6 @@ port_flush(struct shim_port *p)
 	if (off > 0 && off < p->n_txq)
 		memmove(p->txq, p->txq + off, sizeof(p->txq[0]) * (size_t)(p->n_txq - off));
 	p->n_txq -= off;
-	if (off > 0 && p->shared_memory)
-		db_ring_due(p);  /* wake the peers that sleep waiting for these frames */
 	return off;
 }
 
