@@ -259,6 +259,45 @@ def _meta_substitute(op):
     }.get(op, op)
 
 
+def _empty_like_rows(t, columns: int):
+    return torch.empty((t.shape[0], columns), dtype=t.dtype, device="meta")
+
+
+def _lstm_cell_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    # torch's own meta kernel reads .device of the biases, which are None without bias
+    return torch.empty_like(cx), torch.empty_like(cx), _empty_like_rows(input_gates, input_gates.shape[1])
+
+
+def _lstm_cell_backward_meta(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    if grad_hy is None and grad_cy is None:
+        return None, None, None
+    grad_gates = torch.empty_like(workspace)
+    return grad_gates, torch.empty_like(cx), torch.empty(workspace.shape[1:], dtype=workspace.dtype,
+                                                         device="meta") if has_bias else None
+
+
+def _gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    return torch.empty_like(hx), _empty_like_rows(hx, 5 * hx.shape[1])
+
+
+def _gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    hidden = grad_hy.shape[1]
+    gates = _empty_like_rows(grad_hy, 3 * hidden)
+    bias = (lambda: torch.empty((3 * hidden,), dtype=grad_hy.dtype, device="meta")) if has_bias else (lambda: None)
+    return gates, torch.empty_like(gates), torch.empty_like(grad_hy), bias(), bias()
+
+
+#: Result layouts of ops whose meta kernel is missing (a round trip per call otherwise) or
+#: wrong: the CUDA-only fused RNN cells that nn.LSTM and nn.GRU call on remote_accel, laid
+#: out as their CUDA kernels (and the server's decompositions) make them.
+_META_FUNCTIONS = {
+    torch.ops.aten._thnn_fused_lstm_cell.default: _lstm_cell_meta,
+    torch.ops.aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward_meta,
+    torch.ops.aten._thnn_fused_gru_cell.default: _gru_cell_meta,
+    torch.ops.aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward_meta,
+}
+
+
 def _infer(op, schema: _Schema, args, kwargs) -> Optional[Plan]:
     meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
     if op is torch.ops.aten.convolution_backward_overrideable.default:
@@ -269,6 +308,7 @@ def _infer(op, schema: _Schema, args, kwargs) -> Optional[Plan]:
         channels = weight.shape[1] * groups if transposed else weight.shape[0]
         meta_args = (*meta_args[:3], [channels] if mask[2] else None, *meta_args[3:])
     op = _meta_substitute(op)
+    op = _META_FUNCTIONS.get(op, op)
     try:
         with torch.no_grad():
             out = op(*meta_args, **meta_kwargs)

@@ -50,12 +50,12 @@ def _written_arguments(op: str) -> frozenset:
     if op in _COPY_FROM:
         return frozenset({1, "dst"})
     try:
-        fn = ops.resolve(op).fn
+        schema = ops.resolve(op).schema  # the named op's, also where a decomposition runs it
     except Failure:  # running the op reports what is wrong with its name
         return frozenset()
-    if not isinstance(fn, torch._ops.OpOverload):
+    if schema is None:
         return frozenset()
-    return frozenset(x for i, a in enumerate(fn._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    return frozenset(x for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
                      for x in (i, a.name))
 
 
@@ -79,6 +79,7 @@ class Executor(GraphRuns):
     def __init__(self, device: ComputeDevice, table: StorageTable, generators: Generators,
                  graphs: Optional[GraphCompiler] = None):
         self.device = device
+        ops.use_device_type(device.type)  # which ops run a decomposition (no kernel on this device)
         self.table = table
         self.native = table.native
         self.generators = generators
@@ -323,10 +324,26 @@ class Executor(GraphRuns):
                     args = args[:index] + (self.generators.default,) + args[index + 1:]
             elif kwargs.get("generator") is None:
                 kwargs["generator"] = self.generators.default
+            if resolved.decomposed:
+                return self._call_drawing_decomposition(resolved, args, kwargs, index)
         elif resolved.seeded:
             with self.generators.as_device_default():
                 return resolved.fn(*args, **kwargs)
         return resolved.fn(*args, **kwargs)
+
+    def _call_drawing_decomposition(self, resolved: ops.Resolved, args: tuple, kwargs: dict, index: int) -> Any:
+        """A random op run as a decomposition: those draw from the device's default generator
+        (torch._decomp's take no generator argument), which holds the session default's
+        state while it runs; another generator of the client's has no such seat."""
+        if len(args) > index:
+            generator, args = args[index], args[:index] + (None,) + args[index + 1:]
+        else:
+            generator = kwargs.pop("generator")
+        if generator is not self.generators.default:
+            raise Failure(OP, f"{resolved.name} runs as a decomposition on this server's device, which draws "
+                              f"from the default generator only: pass no generator")
+        with self.generators.as_device_default():
+            return resolved.fn(*args, **kwargs)
 
     def _check_reply_outs(self, outs: tuple) -> None:
         for out in outs:

@@ -99,7 +99,7 @@ class CompiledGraph:
 
 
 def _mutable(name: str) -> bool:
-    schema = getattr(ops.resolve(name).fn, "_schema", None)
+    schema = ops.resolve(name).schema
     return schema is not None and schema.is_mutable
 
 

@@ -6,6 +6,10 @@ namespace, must resolve to a real OpOverload registered with the dispatcher (JIT
 builtins such as aten::save are not), and must not be on the deny list. Nothing is ever
 imported or looked up by a name from the wire: libraries are imported at start-up, from
 the server's own configuration (enable_namespaces).
+
+An op that has no kernel for the server's device (the CUDA-only fused RNN cells on a CPU
+server) resolves to its decomposition (decompositions.py), per the device type the
+server's executors run on (use_device_type).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import ConfigError
-from . import sparse_checks
+from . import decompositions, sparse_checks
 from .failure import UNKNOWN_OP, Failure
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,8 @@ DENIED = frozenset({"aten::from_file", "aten::_print"})
 DEFAULT_NAMESPACES = {"torchvision": "torchvision"}
 
 _enabled: set[str] = {"aten"}
+#: the server's device type: which ops lack a kernel there and run a decomposition instead
+_device_type = "cpu"
 #: namespace -> why this server does not serve it (its library did not import)
 _unavailable: dict[str, str] = {}
 
@@ -71,6 +77,17 @@ def enable_namespaces(namespaces: Optional[dict[str, str]]) -> list[str]:
 def namespaces() -> list[str]:
     """The op namespaces this server serves."""
     return sorted(_enabled)
+
+
+def use_device_type(device_type: str) -> None:
+    """Resolve ops for a server whose tensors live on `device_type` ("cpu", "cuda", ...).
+
+    A server has one device, so this is set once per process (each Executor sets it, with
+    the same value); a change re-resolves every name."""
+    global _device_type
+    if device_type != _device_type:
+        _device_type = device_type
+        _cache.clear()
 
 
 # -- substitutes: ops a client may send that the server runs another way -------------------
@@ -126,11 +143,16 @@ SUBSTITUTES: dict[str, Callable] = {
 class Resolved:
     """An op ready to call, with what the executor needs to know about its schema."""
 
-    __slots__ = ("name", "fn", "generator_index", "seeded")
+    __slots__ = ("name", "fn", "schema", "decomposed", "generator_index", "seeded")
 
-    def __init__(self, name: str, fn: Callable, schema: Optional[torch.FunctionSchema]):
+    def __init__(self, name: str, fn: Callable, schema: Optional[torch.FunctionSchema], tags: tuple = (),
+                 decomposed: bool = False):
         self.name = name
         self.fn = fn
+        #: the schema of the op the client named, which fn (a decomposition) may not carry
+        self.schema = schema
+        #: fn is the op's decomposition (the device has no kernel for it)
+        self.decomposed = decomposed
         #: position of a `Generator? generator` argument, or None
         self.generator_index = None
         #: draws from the default generator without taking one as an argument (dropout)
@@ -139,7 +161,7 @@ class Resolved:
             for i, arg in enumerate(schema.arguments):
                 if arg.name == "generator" and "Generator" in str(arg.type):
                     self.generator_index = i
-            tags = getattr(fn, "tags", ())
+            tags = tags or getattr(fn, "tags", ())
             self.seeded = self.generator_index is None and torch.Tag.nondeterministic_seeded in tags
 
 
@@ -190,7 +212,11 @@ def resolve(name) -> Resolved:
             torch._C._dispatch_find_schema_or_throw(f"{namespace}::{op_name}", "" if overload == "default" else overload)
         except RuntimeError:
             raise _unknown(name, "is not a dispatcher op") from None
-        resolved = Resolved(name, op, op._schema)
+        decomposition = decompositions.for_device(op, _device_type)
+        if decomposition is None:
+            resolved = Resolved(name, op, op._schema)
+        else:
+            resolved = Resolved(name, decomposition, op._schema, tuple(op.tags), decomposed=True)
     if len(_cache) < _CACHE_MAX:
         _cache[name] = resolved
     return resolved
