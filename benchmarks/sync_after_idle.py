@@ -6,8 +6,8 @@ A fresh server (on CPU) and this client: 5 warm-up calls, then `rounds` times: a
 `pause` seconds (none before the first round), then 900 calls of `x.sum().item()` (16
 floats), printed as the medians of 75-call slices with the minor page faults each slice
 took in this process and in the server, so a slow stretch, how long it lasts and whether
-page faults go with it all show. What it showed on a 2-core VM (README, "A new
-connection's first round trips" and "Two threads on one core"): a new memif connection's
+page faults go with it all show. What it showed on a 2-core VM (docs/design/doorbells.md,
+"A new connection's first round trips" and "Two threads on one core"): a new memif connection's
 first ~500 round trips faulted on fresh pages of the shared region (~5 faults per trip per
 side; the shim now maps them at connect), and after a pause the first slices can run at
 ~41 us instead of ~17 while the kernel keeps client and server thread on one core.

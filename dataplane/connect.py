@@ -27,20 +27,16 @@ _said: set[str] = set()  # fallback reasons already logged by this process
 
 
 def _resolve(transport: Optional[str], eal_args) -> tuple[str, Optional[list]]:
-    choice = (transport or os.environ.get(config.ENV_TRANSPORT) or "auto").lower()
+    choice = config.transport(transport)
     if choice not in TRANSPORTS:
         raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, not {choice!r}")
-    if eal_args is None and os.environ.get(config.ENV_EAL_ARGS):
-        from .eal_args import split_args
-
-        eal_args = split_args(os.environ[config.ENV_EAL_ARGS])
-    return choice, eal_args
+    return choice, config.eal_args(eal_args)
 
 
 def _tcp_connect(server: Optional[str], timeout: float, tls=None, **kwargs) -> Transport:
     from .tcp import TcpTransport
 
-    host, port = config.parse_host_port(server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_TCP_SERVER)
+    host, port = config.parse_host_port(server or config.setting(config.ENV_SERVER) or config.DEFAULT_TCP_SERVER)
     if tls is not None:
         from .tls import TlsTransport
 

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import config
 from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import eal_args as _eal_args
 from . import memif_slots, wire
@@ -61,7 +62,7 @@ class ChannelOptions:
     # memif/ring: a waiter sleeps until the peer's next frame instead of napping (the
     # shim's doorbell.c); REMOTE_ACCEL_DPDK_DOORBELL=0 turns it off (to compare, or where
     # /dev/shm is not shared between the two processes)
-    doorbell: bool = dataclasses.field(default_factory=lambda: os.environ.get("REMOTE_ACCEL_DPDK_DOORBELL", "1") != "0")
+    doorbell: bool = dataclasses.field(default_factory=lambda: config.enabled("REMOTE_ACCEL_DPDK_DOORBELL"))
     linger: float = 5.0            # s close() keeps retransmitting unacknowledged data
 
     def cdata(self, group: int = 0):

@@ -105,7 +105,7 @@ def eal_init(args=None, *, role: str = "client", memif_slots: int = memif_slots.
         if rc < 0:
             raise dpdk_error(-rc, f"EAL init failed ({os.strerror(-rc)}) with arguments: {' '.join(full)}")
         atexit.register(_at_exit, _runtime_dir())
-        log.info("EAL started: %s", " ".join(full))
+        log.debug("EAL started: %s", " ".join(full))
         return full
 
 

@@ -27,9 +27,9 @@ from . import memif_slots
 
 #: memif buffer size: one frame per buffer, never chained (memif 22.11 loses and
 #: duplicates frames spread over several buffers). A frame's chunk is bsize less the
-#: FRAME_OVERHEAD of dpdk_shim/shim_internal.h (Ethernet, IPv4, UDP, frame header).
+#: FRAME_OVERHEAD of dpdk_shim/wire/wire.h (Ethernet, IPv4, UDP, frame header).
 #: REMOTE_ACCEL_MEMIF_BSIZE overrides it (both ends should agree; they use the smaller).
-MEMIF_BSIZE = int(os.environ.get("REMOTE_ACCEL_MEMIF_BSIZE", 16384))
+MEMIF_BSIZE = int(config.setting("REMOTE_ACCEL_MEMIF_BSIZE"))
 NO_HUGE_MEMORY_MB = 1024
 MIN_FREE_HUGEPAGE_MB = 512
 RING_PAIR_MAX_FRAME = 16384  # same mbuf pool as memif

@@ -22,7 +22,8 @@ at once as before).
 
 from __future__ import annotations
 
-import os
+from .. import config
+
 
 ENV_POLL_US = "REMOTE_ACCEL_TCP_POLL_US"
 #: Measured on a loaded 2-core VM (benchmarks/bench_device.py --sync-only): long enough
@@ -39,9 +40,7 @@ _LONG_WAIT_WINDOWS = 8
 def poll_us_from_env() -> int:
     """The maximum poll window from REMOTE_ACCEL_TCP_POLL_US (default DEFAULT_POLL_US).
     Raises ValueError naming the variable for anything but an integer 0..MAX_POLL_US."""
-    text = os.environ.get(ENV_POLL_US, "").strip()
-    if not text:
-        return DEFAULT_POLL_US
+    text = config.setting(ENV_POLL_US)
     try:
         value = int(text)
     except ValueError:

@@ -13,14 +13,15 @@ process (remote_accel.server imported first) never becomes a client of itself.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from . import _torch_hook, config
 
 
 def configured() -> bool:
-    return bool(os.environ.get(config.ENV_SERVER) or os.environ.get(config.ENV_TRANSPORT))
+    """Whether the environment names a server: either variable set (the transport's
+    default, auto, counts only when said)."""
+    return config.is_set(config.ENV_SERVER) or config.is_set(config.ENV_TRANSPORT)
 
 
 def autoload() -> None:

@@ -1,7 +1,13 @@
-"""Defaults and environment variables shared by client, server and tools."""
+"""Settings: every environment variable remote_accel reads, with its default, in one table
+(SETTINGS), read through `setting()`; and the defaults shared by client, server and
+tools. The README's configuration table lists the same variables
+(tests/unit/test_settings.py holds the two and the source together)."""
 
 import argparse
 import os
+import shlex
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 ENV_SERVER = "REMOTE_ACCEL_SERVER"
 ENV_TRANSPORT = "REMOTE_ACCEL_TRANSPORT"
@@ -11,6 +17,64 @@ ENV_RUNTIME_DIR = "REMOTE_ACCEL_RUNTIME_DIR"
 ENV_TLS_CA = "REMOTE_ACCEL_TLS_CA"  # the CA a TCP client checks the server's certificate with
 ENV_TLS_CERT = "REMOTE_ACCEL_TLS_CERT"  # the client's own certificate, for mutual TLS
 ENV_TLS_KEY = "REMOTE_ACCEL_TLS_KEY"
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str  # as the variable would say it; "" where there is none
+    reader: str   # who reads it: client, server, both, or the C++ part that does
+    meaning: str
+
+
+SETTINGS = {s.name: s for s in (
+    Setting(ENV_SERVER, "", "client", "init()'s server (host:port); with autoload, names a server to connect to"),
+    Setting(ENV_TRANSPORT, "auto", "client", "init()'s transport: dpdk, tcp or auto"),
+    Setting(ENV_TOKEN, "", "client", "init()'s token; else the token file a local server wrote"),
+    Setting(ENV_EAL_ARGS, "", "client", "init()'s DPDK EAL arguments (split as a shell would)"),
+    Setting(ENV_RUNTIME_DIR, "", "both", "folder of the memif socket and the token file "
+                                         "(default $XDG_RUNTIME_DIR/remote_accel-UID or /tmp/...)"),
+    Setting(ENV_TLS_CA, "", "client", "init()'s tls_ca"),
+    Setting(ENV_TLS_CERT, "", "client", "init()'s tls_cert"),
+    Setting(ENV_TLS_KEY, "", "client", "init()'s tls_key"),
+    Setting("REMOTE_ACCEL_TCP_POLL_US", "200", "both", "longest a TCP/TLS receiver polls before it blocks (0: never)"),
+    Setting("REMOTE_ACCEL_SERVER_CPU_BERNOULLI", "1", "server", "the server's bernoulli_ kernel for CPU tensors"),
+    Setting("REMOTE_ACCEL_SERVER_FAST_LOOP", "1", "server", "the C++ receive loop for DPDK and plain TCP sessions"),
+    Setting("REMOTE_ACCEL_COMPILE_GRAPHS", "1", "server", "compile graphs with Inductor (0: replay them node by node)"),
+    Setting("REMOTE_ACCEL_DPDK_DOORBELL", "1", "both", "memif/ring waiters sleep until the peer's next frame"),
+    Setting("REMOTE_ACCEL_MEMIF_BSIZE", "16384", "both", "memif buffer size in bytes (one frame per buffer)"),
+    Setting("REMOTE_ACCEL_CLIENT_CACHE_MB", "1024", "client (C++)", "free host blocks kept for .cpu() results"),
+    Setting("REMOTE_ACCEL_HOST_CACHE_MB", "1024", "server (C++)", "free host blocks kept for the server's storages"),
+)}
+
+
+def setting(name: str) -> str:
+    """The variable's value, else its default (a name not in SETTINGS is a bug: KeyError)."""
+    default = SETTINGS[name].default
+    return os.environ.get(name, default).strip() or default
+
+
+def is_set(name: str) -> bool:
+    """Whether the environment says anything for the setting (its default aside)."""
+    return bool(os.environ.get(SETTINGS[name].name, "").strip())
+
+
+def enabled(name: str) -> bool:
+    """A switch (default on, as SETTINGS says): off for 0, false, no, off."""
+    return setting(name).lower() not in ("0", "false", "no", "off")
+
+
+def transport(argument: Optional[str]) -> str:
+    """init()'s transport argument, else REMOTE_ACCEL_TRANSPORT, else auto; lower case."""
+    return (argument or setting(ENV_TRANSPORT)).lower()
+
+
+def eal_args(argument) -> Optional[list]:
+    """init()'s EAL arguments (a list, or a string split as a shell would), else
+    REMOTE_ACCEL_EAL_ARGS, else None."""
+    if argument is None:
+        argument = setting(ENV_EAL_ARGS) or None
+    return shlex.split(argument) if isinstance(argument, str) else (list(argument) if argument is not None else None)
+
 
 DEFAULT_TCP_PORT = 18515
 DEFAULT_TCP_SERVER = f"127.0.0.1:{DEFAULT_TCP_PORT}"
@@ -23,7 +87,7 @@ DEFAULT_METRICS = f"{DEFAULT_METRICS_HOST}:{DEFAULT_METRICS_PORT}"
 
 def runtime_dir() -> str:
     """Folder for the memif socket and the token file, private to this user."""
-    path = os.environ.get(ENV_RUNTIME_DIR)
+    path = setting(ENV_RUNTIME_DIR)
     if not path:
         base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
         path = os.path.join(base, f"remote_accel-{os.getuid()}")

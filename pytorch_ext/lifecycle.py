@@ -13,8 +13,6 @@ how to rebuild).
 from __future__ import annotations
 
 import logging
-import os
-import shlex
 import threading
 from typing import Optional, Sequence
 
@@ -83,13 +81,10 @@ def init(
         log.info("remote_accel: init() replaces the session(s) made from the environment")
         shutdown()
     _implicit = False
-    transport = (transport or os.environ.get(config.ENV_TRANSPORT) or "auto").lower()
+    transport = config.transport(transport)
     if transport not in ("auto", "tcp", "dpdk"):
         raise ConfigError(f"transport must be 'dpdk', 'tcp' or 'auto', not {transport!r}")
-    if isinstance(eal_args, str):
-        eal_args = shlex.split(eal_args)
-    if eal_args is None and os.environ.get(config.ENV_EAL_ARGS):
-        eal_args = shlex.split(os.environ[config.ENV_EAL_ARGS])
+    eal_args = config.eal_args(eal_args)
     if servers is not None and callable(getattr(servers, "addresses", None)) and callable(
             getattr(servers, "tokens", None)):
         # a pool: its addresses and tokens (the tokens came through the pool, never a file)
@@ -98,7 +93,7 @@ def init(
         if transport == "auto":
             transport = "tcp"
     if servers is None:
-        env_server = os.environ.get(config.ENV_SERVER)
+        env_server = config.setting(config.ENV_SERVER)
         servers = [server or env_server] if (server or env_server) else [None]
     elif isinstance(servers, str):
         servers = [servers]
@@ -174,8 +169,7 @@ def connect_from_environment() -> None:
             if runtime.is_initialized():
                 return
             log.info("remote_accel: connecting on first use, as the environment says (%s)",
-                     ", ".join(f"{k}={os.environ[k]}" for k in (config.ENV_SERVER, config.ENV_TRANSPORT)
-                               if os.environ.get(k)))
+                     ", ".join(f"{k}={config.setting(k)}" for k in (config.ENV_SERVER, config.ENV_TRANSPORT)))
             init()
             _implicit = True
     finally:
@@ -211,9 +205,9 @@ def _peer_address(link, address: Optional[str]) -> Optional[str]:
 
 def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
     """The TLS settings of init()'s arguments or the environment; None: plain TCP."""
-    ca = ca or os.environ.get(config.ENV_TLS_CA)
-    cert = cert or os.environ.get(config.ENV_TLS_CERT)
-    key = key or os.environ.get(config.ENV_TLS_KEY)
+    ca = ca or config.setting(config.ENV_TLS_CA)
+    cert = cert or config.setting(config.ENV_TLS_CERT)
+    key = key or config.setting(config.ENV_TLS_KEY)
     if not ca:
         if cert or key:
             raise ConfigError("a TLS client certificate needs tls_ca (or REMOTE_ACCEL_TLS_CA) too: "
@@ -224,7 +218,7 @@ def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
 
 def _default_token() -> tuple[str, str]:
     """(token, where it came from, for error messages)."""
-    token = os.environ.get(config.ENV_TOKEN)
+    token = config.setting(config.ENV_TOKEN)
     if token:
         return token, f"${config.ENV_TOKEN}"
     path = config.default_token_file()

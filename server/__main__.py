@@ -247,7 +247,7 @@ def open_metrics(address: Optional[tuple]):
     try:
         from .metrics_http import MetricsServer
     except ImportError as exc:
-        raise ConfigError(f"--metrics needs prometheus_client ({exc}): pip install prometheus_client") from None
+        raise ConfigError(f"--metrics needs prometheus_client ({exc}): pip install 'remote_accel[server]'") from None
     host, port = address
     try:
         return MetricsServer(host, port)
@@ -312,15 +312,17 @@ def main(argv: Optional[list] = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("remote-accel-server %s on %s; memory limit per client %d bytes; token file %s; "
-             "at most %d clients; op namespaces %s", __version__, device.name, server.session_limit, token_file,
-             args.max_clients, ",".join(namespaces))
     if intra_op_threads is not None:
         torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
-    log.info("%d CPU threads for the kernels (%s)", torch.get_num_threads(), threads_from)
-    _install_cpu_kernels()
+    bernoulli = _install_cpu_kernels()
     pool = server.pool.figures()
-    log.info("device memory %d bytes for all clients; swap space %d bytes", pool[0], pool[1])
+    # one INFO line a start: what an operator needs to know; the details at DEBUG
+    log.info("remote-accel-server %s on %s (%s): %d CPU threads, memory limit per client %d bytes, device memory "
+             "%d bytes for all clients, swap space %d bytes, at most %d clients", __version__, device.name,
+             device.properties()["name"], torch.get_num_threads(), server.session_limit, pool[0], pool[1],
+             args.max_clients)
+    log.debug("token file %s; op namespaces %s; CPU threads: %s; CPU bernoulli_: %s", token_file,
+              ",".join(namespaces), threads_from, bernoulli)
     if metrics is not None:
         from .metrics import registry
 
@@ -339,16 +341,15 @@ def main(argv: Optional[list] = None) -> int:
     return 0
 
 
-def _install_cpu_kernels() -> None:
+def _install_cpu_kernels() -> str:
     """The server's own CPU kernels, which give torch's numbers faster (csrc/cpu_bernoulli.cpp:
-    dropout's masks); REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0 keeps torch's (to compare)."""
-    if os.environ.get("REMOTE_ACCEL_SERVER_CPU_BERNOULLI", "1") == "0":
-        log.info("CPU bernoulli_: torch's kernel (REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0)")
-        return
+    dropout's masks); REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0 keeps torch's (to compare).
+    Returns whose bernoulli_ kernel runs, for the log."""
+    if not config.enabled("REMOTE_ACCEL_SERVER_CPU_BERNOULLI"):
+        return "torch's kernel (REMOTE_ACCEL_SERVER_CPU_BERNOULLI=0)"
     from . import native
 
-    done = native.install_cpu_bernoulli()
-    log.info("CPU bernoulli_: %s", done or "torch's kernel (torch draws with MKL on this CPU)")
+    return native.install_cpu_bernoulli() or "torch's kernel (torch draws with MKL on this CPU)"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ models much faster: the server waits passively (OMP_WAIT_POLICY=PASSIVE, __main_
 every parallel region, MKL's GEMMs included (PyTorch turns MKL's dynamic threading off),
 has to wake sleeping pool threads onto cores the client is using. On 2 shared cores the
 tiny Transformer's compiled training step took 10.4-12.3 ms with 2 threads and 6.2-6.8 ms
-with 1 (README, "The server's CPU threads").
+with 1 (docs/design/cpu-threads.md).
 
 The count is set before torch loads, as OMP_NUM_THREADS: OpenMP reads it once, as every
 thread's default, the session threads included (`torch.set_num_threads` changes only the

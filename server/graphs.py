@@ -27,7 +27,6 @@ import functools
 import hashlib
 import logging
 import operator
-import os
 import queue
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from .. import config
 from ..dataplane import codec
 from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
@@ -230,7 +230,7 @@ class GraphCompiler:
     def __init__(self, device: ComputeDevice, enabled: Optional[bool] = None):
         self.device = device
         if enabled is None:
-            enabled = os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "no")
+            enabled = config.enabled(ENV_SWITCH)
         self.enabled = enabled
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, CompiledGraph] = OrderedDict()

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
+from .. import config
 from ..dataplane import codec
 from ..dataplane import messages as m
 from ..dataplane.transport import Message, Transport
@@ -164,7 +164,7 @@ class Session(Receiving):
         """The C++ receive loop (csrc/fast_loop.h) for a DPDK or plain TCP connection; None
         for other transports (TLS), or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message
         through Python)."""
-        if os.environ.get("REMOTE_ACCEL_SERVER_FAST_LOOP", "1") == "0":
+        if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP"):
             return None
         dpdk = getattr(self.transport, "native_addresses", None)
         tcp = getattr(self.transport, "native_socket", None)

@@ -1,6 +1,7 @@
-"""For every suite: in CI (REMOTE_ACCEL_CI=1, set by .ci/run) a test that needs root,
-tcpdump, network namespaces or a cross compiler must run: CI is a root Debian machine
-where quickstart.sh installs all of them, so such a skip there means a broken setup
+"""For every suite, in every venv CI runs: in CI (REMOTE_ACCEL_CI=1, set by .ci/run) a test
+that needs root, tcpdump, network namespaces, a cross compiler or the DPDK transport must
+run: CI is a root Debian machine where quickstart.sh installs all of them and builds the
+transport, so such a skip there (of one test, or of a whole module) means a broken setup
 and fails. Elsewhere these tests skip, saying what they need."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 
 CI = os.environ.get("REMOTE_ACCEL_CI") == "1"
 #: skip reasons that CI must never see (every such skip names one of these)
-MUST_RUN_IN_CI = ("root", "tcpdump", "network namespaces", "aarch64")
+MUST_RUN_IN_CI = ("root", "tcpdump", "network namespaces", "aarch64", "DPDK transport unavailable",
+                  "DPDK transport not built", "DPDK transport is not built", "DPDK drivers are not installed",
+                  "dpdk_shim sources", "remote_accel.dataplane.dpdk")
 
 
 @pytest.fixture
@@ -26,13 +29,23 @@ def require_in_ci():
     return need
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
+def _fail_if_must_run(report) -> None:
     if not (CI and report.skipped) or not isinstance(report.longrepr, tuple):
         return
     reason = str(report.longrepr[2])
     if any(word in reason for word in MUST_RUN_IN_CI):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where it must run (REMOTE_ACCEL_CI=1): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_if_must_run(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module that skips itself (pytest.skip(..., allow_module_level=True))."""
+    outcome = yield
+    _fail_if_must_run(outcome.get_result())

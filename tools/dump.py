@@ -11,13 +11,15 @@ import json
 import os
 import sys
 
-from scapy.error import Scapy_Exception
-
 from ..dataplane import messages, wire
 from ..errors import ProtocolError
 from .capture import CaptureReader
 from .records import Record
+from .extras import requires
 from .wire_layers import FRAME_UDP_PORT
+
+with requires("ra-dump"):
+    from scapy.error import Scapy_Exception
 
 BAD_CRC = "!! BAD CHECKSUM"
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from .extras import requires
+
 PREFIX = b"PMD_INFO_STRING="
 
 #: Virtual drivers remote_accel runs on without any NIC, and what each is good for.
@@ -102,8 +104,9 @@ def _kind(library: str) -> str:
 
 def read_library(path: str) -> list[Driver]:
     """The drivers declared in one .so; [] for a file that is not ELF or has no metadata."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    with requires("ra-pmdinfo"):
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
 
     try:
         with open(path, "rb") as fh:

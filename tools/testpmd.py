@@ -171,8 +171,8 @@ def _local_peer(args, eal: list):
 
 
 def _token(args) -> str:
-    if args.token_file is None and os.environ.get(config.ENV_TOKEN):
-        return os.environ[config.ENV_TOKEN]
+    if args.token_file is None and config.setting(config.ENV_TOKEN):
+        return config.setting(config.ENV_TOKEN)
     path = args.token_file or config.default_token_file()
     try:
         with open(path, encoding="utf-8") as f:

@@ -24,14 +24,16 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
 from .. import config
 from ..errors import ConfigError, RemoteAccelError
+from .extras import requires
+
+with requires("ra-top"):
+    from prometheus_client.parser import text_string_to_metric_families
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.table import Table
+    from rich.text import Text
 
 #: A metrics page larger than this is not a remote-accel-server's (a few KiB per client).
 MAX_PAGE = 16 << 20

@@ -6,7 +6,7 @@ meta); the payload bytes follow it as the layer's payload. The layout comes from
 `wire.decode_prologue`, and `wire.encode_prologue` output dissects here.
 
 `RAFrame` is the header the DPDK transport puts on every frame, after Ethernet/IPv4/UDP
-(`struct frame_hdr` in dpdk_shim/shim_internal.h); a message travels as chunks of
+(`struct frame_hdr` in dpdk_shim/wire/wire.h); a message travels as chunks of
 frames, and the chunk at offset 0 starts with its prologue. Tests compare this layer
 with the C header and with frames the shim builds.
 
@@ -17,26 +17,28 @@ from __future__ import annotations
 
 import struct
 
-from scapy.fields import (
-    ByteEnumField,
-    ByteField,
-    FieldLenField,
-    FieldListField,
-    FlagsField,
-    IntField,
-    LongField,
-    ShortField,
-    StrFixedLenField,
-    StrLenField,
-    XIntField,
-    XLongField,
-    XShortField,
-)
-from scapy.layers.inet import UDP
-from scapy.packet import Packet, Raw, bind_layers
-
 from .._version import WIRE_VERSION
 from ..dataplane import wire
+from .extras import requires
+
+with requires("the wire dissector"):
+    from scapy.fields import (
+        ByteEnumField,
+        ByteField,
+        FieldLenField,
+        FieldListField,
+        FlagsField,
+        IntField,
+        LongField,
+        ShortField,
+        StrFixedLenField,
+        StrLenField,
+        XIntField,
+        XLongField,
+        XShortField,
+    )
+    from scapy.layers.inet import UDP
+    from scapy.packet import Packet, Raw, bind_layers
 
 MSG_TYPES = {int(t): t.name for t in wire.MsgType}
 

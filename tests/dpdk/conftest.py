@@ -32,7 +32,7 @@ except UnavailableError as exc:
     if _dpdk_installed():
         raise  # DPDK is on this machine: the transport must have been built
     dpdk = None
-    _why = str(exc)
+    _why = f"DPDK transport unavailable: {exc}"
 
 
 def pytest_collection_modifyitems(config, items):
