@@ -65,6 +65,25 @@ def server_proof(token: str, client_nonce: bytes, server_nonce: bytes) -> bytes:
     return _hmac(token, SERVER_LABEL + client_nonce + server_nonce)
 
 
+#: Server-to-server copies (server/peer.py): the client gives the source server a key good
+#: for one copy, derived from the destination's token, never the token itself. The source
+#: authenticates to the destination with it (the handshake above, under the key); the
+#: destination derives the same key from its token and the (ticket, nbytes, expires) that
+#: HELLO names. A captured key writes at most that one copy, before it expires.
+COPY_LABEL = b"remote_accel/3 copy key\0"
+COPY_KEY_S = 120  # how long a key is good for: the copy may wait behind earlier work
+COPY_CLOCK_SKEW_S = 60  # clocks of client and destination may differ this much
+
+
+def copy_key(token: str, ticket: bytes, nbytes: int, expires: int) -> str:
+    """The key for one copy of `nbytes` bytes under `ticket`, good until `expires`."""
+    return _hmac(token, COPY_LABEL + ticket + nbytes.to_bytes(8, "big") + expires.to_bytes(8, "big")).hex()
+
+
+def copy_expiry() -> int:
+    return int(time.time()) + COPY_KEY_S
+
+
 def matches(expected: bytes, given: bytes) -> bool:
     """Constant-time comparison: the time taken says nothing about how much was right."""
     return type(given) is bytes and hmac.compare_digest(expected, given)
@@ -93,8 +112,11 @@ def _hmac(token: str, data: bytes) -> bytes:
     return hmac.new(token.encode("utf-8"), data, hashlib.sha256).digest()
 
 
-def client_handshake(transport: Transport, token: str, client: str, timeout: float) -> m.Welcome:
+def client_handshake(transport: Transport, token: str, client: str, timeout: float, copy=None) -> m.Welcome:
     """Authenticate to the server at the other end of `transport`, and it to us.
+
+    copy: (ticket, nbytes, expires) of the one copy a source server comes to write;
+    `token` is then that copy's key (copy_key).
 
     Returns its WELCOME. Raises AuthError (no token, the server refused ours, or the
     peer could not prove it holds the token), ProtocolError (the peer does not speak
@@ -106,7 +128,7 @@ def client_handshake(transport: Transport, token: str, client: str, timeout: flo
                         "server's user on its host (the token file is found by itself)")
     deadline = time.monotonic() + timeout
     nonce = new_nonce()
-    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce)))
+    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce, copy)))
     challenge = _expect(transport, m.Challenge, deadline, timeout)
     if not valid_nonce(challenge.nonce) or challenge.nonce == nonce:
         raise ProtocolError(f"{transport.peer} sent a bad challenge (a nonce of {len(challenge.nonce)} bytes, "

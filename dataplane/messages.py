@@ -41,6 +41,9 @@ class Hello:
     client: str  # free text for the server's log: "host pid"
     wire_version: int
     nonce: bytes  # the client's fresh random nonce
+    # A source server that writes one copy into this server: (ticket, nbytes, expires),
+    # and the handshake runs under that copy's key instead of the token (handshake.copy_key)
+    copy: Any = None
 
 
 @_message(MsgType.CHALLENGE)
@@ -284,14 +287,17 @@ class PeerReceive:
 @_message(MsgType.PEER_SEND)
 class PeerSend:
     """To the source: send `nbytes` bytes of storage `sid` from byte `offset` to the
-    server at `address` ("host:port", TCP), authenticating with `token`, under `ticket`."""
+    server at `address` ("host:port", TCP), under `ticket`, authenticating with `key`:
+    handshake.copy_key(the destination's token, ticket, nbytes, expires), good for this
+    one copy until `expires` (Unix seconds). The destination's token never leaves the client."""
 
     ticket: bytes
     sid: int
     offset: int
     nbytes: int
     address: str
-    token: str
+    key: str
+    expires: int
 
 
 @_message(MsgType.PEER_WRITE)

@@ -295,7 +295,9 @@ class Session:
         """Tell this server (the source) to send these bytes to `dest`'s server itself."""
         self.counters["peer_copies"] += 1
         self.counters["peer_bytes"] += nbytes
-        self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, dest.token))
+        expires = handshake.copy_expiry()
+        key = handshake.copy_key(dest.token, ticket, nbytes, expires)  # dest's token stays here
+        self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, key, expires))
 
     def _queue_message(self, msg) -> None:
         with self._lock:

@@ -80,13 +80,19 @@ def handshake(session: Guest) -> bool:
                        f"client speaks wire version {hello.wire_version}, this server {WIRE_VERSION}")
     if not hs.valid_nonce(hello.nonce):
         return _refuse(session, req_id, failure.PROTOCOL, f"HELLO needs a nonce of {hs.NONCE_BYTES} bytes")
+    key = server.token
+    if hello.copy is not None:
+        key, why = _copy_key(session, hello.copy)
+        if key is None:
+            log.warning("refused %s (%s): %s", transport.peer, session.client, why)
+            return _refuse(session, req_id, failure.AUTH, why)
     nonce = hs.new_nonce()
     _send(session, m.Challenge(nonce), req_id)
     got = _receive(session, m.Auth, deadline)
     if got is None:
         return False
     answer, req_id = got
-    if not hs.matches(hs.client_proof(server.token, nonce, hello.nonce), answer.proof):
+    if not hs.matches(hs.client_proof(key, nonce, hello.nonce), answer.proof):
         log.warning("refused %s (%s): wrong token", transport.peer, session.client)
         return _refuse(session, req_id, failure.AUTH, hs.WRONG_TOKEN)
     session.admitted = server.admit(session)
@@ -94,11 +100,30 @@ def handshake(session: Guest) -> bool:
         log.warning("refused %s (%s): %d clients already", transport.peer, session.client, server.max_clients)
         return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients "
                                                        "(its --max-clients option)")
-    proof = hs.server_proof(server.token, hello.nonce, nonce)
+    proof = hs.server_proof(key, hello.nonce, nonce)
     _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof),
           req_id)
     log.info("client connected: session %d, %s (%s)", session.number, transport.peer, session.client)
     return True
+
+
+def _copy_key(session: Guest, copy) -> tuple:
+    """(the key a source server must prove it holds, None) for a HELLO that names one
+    copy to write, or (None, why it is refused). The session may then only write it."""
+    if (type(copy) is not tuple or len(copy) != 3 or type(copy[0]) is not bytes
+            or len(copy[0]) != m.PEER_TICKET_BYTES or type(copy[1]) is not int or type(copy[2]) is not int
+            or copy[1] < 0):
+        return None, "HELLO.copy must be (ticket, nbytes, expires)"
+    ticket, nbytes, expires = copy
+    now = time.time()
+    if expires < now - hs.COPY_CLOCK_SKEW_S:
+        return None, "the key for this copy has expired"
+    if expires > now + hs.COPY_KEY_S + hs.COPY_CLOCK_SKEW_S:
+        return None, "the key for this copy expires too late (a key is good for minutes at most)"
+    if session.server.peer_copies.was_used(ticket):
+        return None, "this copy was written already (a replayed key)"
+    session.copy_grant = (ticket, nbytes, expires)
+    return hs.copy_key(session.server.token, ticket, nbytes, expires), None
 
 
 def _receive(session: Guest, cls, deadline: float) -> Optional[tuple]:

@@ -8,7 +8,7 @@ Both sides import this module, and neither imports the other.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol
 
 from ..dataplane.transport import Transport
 from .device import ComputeDevice
@@ -51,3 +51,4 @@ class Guest(Protocol):
     device: ComputeDevice
     client: str  # what the client's HELLO calls it
     admitted: bool
+    copy_grant: Optional[tuple]  # a source server's session: the one copy it may write

@@ -3,22 +3,27 @@
 The client sends two small requests and no tensor bytes:
 
     client -> B (destination)   PeerReceive(ticket, sid, offset, nbytes)
-    client -> A (source)        PeerSend(ticket, sid, offset, nbytes, B's address, B's token)
-    A -> B                      a TCP connection, the ordinary client handshake under B's
-                                token, then PeerWrite(ticket, nbytes) + the bytes
+    client -> A (source)        PeerSend(ticket, sid, offset, nbytes, B's address, key, expires)
+    A -> B                      a TCP connection, the handshake under the copy's key (HELLO
+                                names the copy), then PeerWrite(ticket, nbytes) + the bytes
     B -> A                      PeerDone(nbytes)
+
+The key is an HMAC under B's token over (ticket, nbytes, expires) (handshake.copy_key): B's
+token never leaves the client, and A's connection may write that one copy and nothing
+else, before the key expires; a replayed key (a ticket B has seen written) is refused at
+once, and so is a PeerWrite from any other connection.
 
 A handles PeerSend in its client's session thread, B handles PeerReceive in its
 client's session thread and PeerWrite in the thread of A's (separate, authenticated)
 session. The ticket, fresh random bytes chosen by the client, pairs the two halves on B:
-only a peer that holds B's token and the ticket can write into the client's storage.
+only a peer that holds the copy's key can write, and only into that copy's bytes.
 Each side holds its client's later requests until the copy is done, so every later op
 sees the bytes; a failure is kept for the client's next sync point, as for any one-way
 request.
 
 The two halves may arrive at B in either order (A may be quicker than B's client
-session, which is busy with earlier work): a PeerWrite waits for its PeerReceive up
-to PEER_TIMEOUT_S.
+session, which is busy with earlier work): a PeerWrite waits for its PeerReceive until its
+key expires (PEER_TIMEOUT_S at most).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from typing import Optional
 
 from .. import config
@@ -48,6 +54,9 @@ PEER_TIMEOUT_S = 120.0
 #: Connecting and the handshake with the destination.
 CONNECT_TIMEOUT_S = 10.0
 _POLL_S = 0.2
+#: tickets of finished copies remembered, so that a replayed key is refused at once (an
+#: older one is refused all the same once its key expired)
+MAX_USED_TICKETS = 65536
 
 
 class _Slot:
@@ -70,6 +79,7 @@ class PeerCopies:
     def __init__(self):
         self._cond = threading.Condition()
         self._slots: dict[bytes, _Slot] = {}
+        self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
         self.bytes_sent = 0
         self.bytes_received = 0
         self.copies_sent = 0
@@ -90,16 +100,29 @@ class PeerCopies:
         with self._cond:
             self._slots.pop(ticket, None)
 
+    def was_used(self, ticket: bytes) -> bool:
+        with self._cond:
+            return ticket in self._used
+
     def claim(self, ticket: bytes, nbytes: int, session) -> _Slot:
-        """The slot a PeerWrite fills, once its PeerReceive has come; ProtocolError when
-        none comes in time, the sizes differ, or the ticket was used already."""
-        deadline = time.monotonic() + PEER_TIMEOUT_S
+        """The slot a PeerWrite fills, once its PeerReceive has come (the two halves may
+        arrive in either order, until the copy's key expires); ProtocolError at once for
+        a PeerWrite that is not the one its session's key was made for, or whose ticket
+        was used already; and when no PeerReceive comes in time."""
+        grant = session.copy_grant
+        if grant is None:
+            raise ProtocolError("PeerWrite comes only from a source server's copy connection")
+        if grant[:2] != (ticket, nbytes):
+            raise ProtocolError("PeerWrite: not the copy this connection's key was made for")
+        until_expiry = grant[2] + handshake.COPY_CLOCK_SKEW_S - time.time()
+        deadline = time.monotonic() + min(PEER_TIMEOUT_S, max(0.0, until_expiry))
         with self._cond:
             while ticket not in self._slots:
+                if ticket in self._used:
+                    raise ProtocolError("PeerWrite: this ticket was used already")
                 left = deadline - time.monotonic()
                 if left <= 0 or session.server.stopping:
-                    raise ProtocolError(f"PeerWrite: no copy expects this ticket (none came within "
-                                        f"{PEER_TIMEOUT_S:.0f} s)")
+                    raise ProtocolError("PeerWrite: no copy expects this ticket (none came before its key expired)")
                 self._cond.wait(min(left, _POLL_S))
             slot = self._slots[ticket]
             if slot.claimed is not None:
@@ -107,6 +130,9 @@ class PeerCopies:
             if slot.nbytes != nbytes:
                 raise ProtocolError(f"PeerWrite of {nbytes} bytes for a copy of {slot.nbytes}")
             slot.claimed = session
+            self._used[ticket] = None
+            while len(self._used) > MAX_USED_TICKETS:
+                self._used.popitem(last=False)
             return slot
 
 
@@ -182,7 +208,8 @@ def on_send(session, request: m.PeerSend) -> None:
     link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
     try:
         name = f"peer copy from {socket.gethostname()} session {session.number}"
-        handshake.client_handshake(link, request.token, name, CONNECT_TIMEOUT_S)
+        handshake.client_handshake(link, request.key, name, CONNECT_TIMEOUT_S,
+                                   copy=(request.ticket, request.nbytes, request.expires))
         link.send(MsgType.PEER_WRITE, m.encode(m.PeerWrite(request.ticket, request.nbytes)), [host_bytes(view)],
                   req_id=1)
         reply = _reply(link, 1)

@@ -59,6 +59,15 @@ class Receiving:
             return self._discard(lengths)
 
     def _place(self, header, meta: bytes, lengths: list) -> list:
+        if self.copy_grant is not None and header.type != MsgType.PEER_WRITE:
+            if lengths:  # a source server's session writes its one copy and nothing else
+                raise Desync(f"a copy connection sent a {type_name(header.type)} with payloads")
+            self._stash = (header.type, None, None)
+            try:
+                self._stash = (header.type, m.decode(header.type, meta), None)
+            except ProtocolError as exc:
+                self._stash = (header.type, exc, None)
+            return []
         if not lengths:
             if header.type == MsgType.BATCH and self._scan(meta):
                 return []

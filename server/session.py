@@ -61,6 +61,10 @@ class NativeBatch(NamedTuple):
     meta: bytes
 
 
+#: what a source server's session (authenticated by one copy's key) may send
+COPY_SESSION_TYPES = frozenset({MsgType.PEER_WRITE, MsgType.PING, MsgType.GOODBYE})
+
+
 class Session(Receiving):
     def __init__(self, server: Host, transport: Transport, number: int):
         self.server = server
@@ -69,6 +73,9 @@ class Session(Receiving):
         self.device = server.device
         self.client = "?"
         self.admitted = False  # counted by the server (authenticated, under max_clients)
+        # (ticket, nbytes, expires): a source server's session, authenticated by one copy's
+        # key (server/peer.py), which may write that copy and nothing else
+        self.copy_grant: Optional[tuple] = None
         self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
         self.counters = SessionCounters()
         self.table = StorageTable(self.device, server.session_limit, server.pool)
@@ -164,8 +171,8 @@ class Session(Receiving):
         """The C++ receive loop (csrc/fast_loop.h) for a DPDK or plain TCP connection; None
         for other transports (TLS), or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message
         through Python)."""
-        if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP"):
-            return None
+        if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP") or self.copy_grant is not None:
+            return None  # a copy session's one message goes through Python's checks
         dpdk = getattr(self.transport, "native_addresses", None)
         tcp = getattr(self.transport, "native_socket", None)
         if dpdk is not None:
@@ -253,6 +260,8 @@ class Session(Receiving):
             self._send(m.ErrorReply(failure.PROTOCOL, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
             return True
         handler = self._handlers.get(msg.type)
+        if self.copy_grant is not None and msg.type not in COPY_SESSION_TYPES:
+            handler = None  # a source server's session writes its copy, and nothing else
         if handler is None:
             text = f"{type_name(msg.type)} is not a request a client may send"
             self._send(m.ErrorReply(failure.PROTOCOL, text, ""), msg.req_id)

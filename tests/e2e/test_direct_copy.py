@@ -4,6 +4,13 @@
 over their own connection; the client's byte counters show the bytes did not pass it.
 """
 
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+
 import pytest
 import torch
 
@@ -148,3 +155,45 @@ def test_peer_bytes_are_in_the_servers_metrics():
             del y
         finally:
             remote_accel.shutdown()
+
+
+def test_the_destinations_token_never_crosses_the_wire(tmp_path, require_in_ci):
+    """A loopback capture of a direct copy (client to both servers, source to
+    destination) holds no run of the destination's token: the source got a key for the
+    one copy instead (server/peer.py)."""
+    if shutil.which("tcpdump") is None or os.geteuid() != 0:
+        require_in_ci("needs tcpdump and root (apt-get install -y tcpdump)")
+    with ServerProcess(token=secrets.token_hex(32)) as a, ServerProcess(token=secrets.token_hex(32)) as b:
+        captured = _capture_a_copy(a, b, tmp_path / "lo.pcap")
+    assert len(captured) > 16 << 10  # the copy's bytes were seen
+    for token in (a.token, b.token):
+        raw = token.encode()
+        assert len(raw) == 64 and not [raw[i:i + 8] for i in range(len(raw) - 7) if raw[i:i + 8] in captured]
+
+
+def _capture_a_copy(a, b, pcap) -> bytes:
+    dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "--immediate-mode", "-B", "65536", "-w", str(pcap),
+                             f"tcp port {a.tcp[1]} or tcp port {b.tcp[1]}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not (pcap.exists() and pcap.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.05)  # tcpdump writes the file header once it listens
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token, b.token], timeout=30.0)
+        try:
+            x = torch.arange(4096, dtype=torch.float32).to("remote_accel:0")
+            y = x.to("remote_accel:1")
+            assert torch.equal(y.cpu(), torch.arange(4096, dtype=torch.float32))
+            assert remote_accel.server_stats(1)["peer_copies_received"] >= 1
+        finally:
+            remote_accel.shutdown()
+        # tcpdump stops without draining the kernel's buffer: wait until the file stops growing
+        size, deadline = -1, time.monotonic() + 20
+        while pcap.stat().st_size != size and time.monotonic() < deadline:
+            size = pcap.stat().st_size
+            time.sleep(1.0)
+    finally:
+        dump.send_signal(signal.SIGINT)
+        dump.wait(timeout=20)
+    return pcap.read_bytes()

@@ -1,20 +1,30 @@
 """The server's half of server-to-server copies (server.peer), at the protocol level.
 
 One real server plays both ends: one client session owns the source storage, another the
-destination; the server connects to itself as the peer. Bad tickets, sizes and
-addresses are answered with clear errors, and the session goes on.
+destination; the server connects to itself as the peer. Bad tickets, sizes, addresses
+and keys are answered with clear errors, and the session goes on. The source gets a key
+for the one copy (handshake.copy_key), never the destination's token.
 """
 
 import secrets
+import time
 
 import pytest
 
+from remote_accel.dataplane import handshake
 from remote_accel.dataplane import messages as m
-from remote_accel.errors import ProtocolError
+from remote_accel.dataplane.tcp import TcpTransport
+from remote_accel.errors import AuthError, ProtocolError
 
 
 def _ticket() -> bytes:
     return secrets.token_bytes(m.PEER_TICKET_BYTES)
+
+
+def _send_half(ticket, sid, offset, nbytes, address, token, expires=None):
+    """The PeerSend a client makes: a key for this copy under the destination's token."""
+    expires = handshake.copy_expiry() if expires is None else expires
+    return m.PeerSend(ticket, sid, offset, nbytes, address, handshake.copy_key(token, ticket, nbytes, expires), expires)
 
 
 def test_copy_between_two_sessions_through_the_peer_link(server, connect):
@@ -27,7 +37,7 @@ def test_copy_between_two_sessions_through_the_peer_link(server, connect):
     ticket = _ticket()
     host, port = server.tcp
     # the source's half first: its PeerWrite waits on the server for the PeerReceive
-    source.send(m.PeerSend(ticket, src, 0, len(data), f"{host}:{port}", server.token))
+    source.send(_send_half(ticket, src, 0, len(data), f"{host}:{port}", server.token))
     dest.send(m.PeerReceive(ticket, dst, 10, len(data)))
     assert source.sync() >= 0 and dest.sync() >= 0
     assert dest.read(dst, len(data), offset=10) == data
@@ -37,13 +47,52 @@ def test_copy_between_two_sessions_through_the_peer_link(server, connect):
     assert after["peer_copies_received"] - before["peer_copies_received"] == 1
 
 
-def test_bad_peer_writes_are_refused(connect):
+def test_bad_peer_writes_are_refused_at_once(connect):
     peer = connect()
     with pytest.raises(ProtocolError, match="ticket"):
         peer.request(m.PeerWrite(b"short", 4), (b"abcd",))
     with pytest.raises(ProtocolError, match="one payload"):
         peer.request(m.PeerWrite(_ticket(), 4), (b"ab", b"cd"))
+    start = time.monotonic()
+    with pytest.raises(ProtocolError, match="copy connection"):  # a client's session is no source
+        peer.request(m.PeerWrite(_ticket(), 4), (b"abcd",))
+    assert time.monotonic() - start < 5  # not after a timeout
     assert peer.ping() == 7  # the session goes on
+
+
+def _copy_connection(server, ticket, nbytes, expires, key):
+    link = TcpTransport.connect(*server.tcp, timeout=10)
+    handshake.client_handshake(link, key, "test source", 10, copy=(ticket, nbytes, expires))
+    return link
+
+
+def test_copy_keys_are_checked_bound_and_one_time(server, connect):
+    dest = connect()
+    dst = dest.alloc(8)
+    ticket, expires = _ticket(), handshake.copy_expiry()
+    key = handshake.copy_key(server.token, ticket, 8, expires)
+    for bad in (handshake.copy_key(server.token, ticket, 9, expires),  # another size
+                handshake.copy_key("not-the-token", ticket, 8, expires)):  # forged
+        with pytest.raises(AuthError):
+            _copy_connection(server, ticket, 8, expires, bad).close()
+    past = int(time.time()) - 600
+    with pytest.raises(AuthError, match="expired"):
+        _copy_connection(server, ticket, 8, past, handshake.copy_key(server.token, ticket, 8, past)).close()
+    # the right key writes its copy; the connection may do nothing else
+    dest.send(m.PeerReceive(ticket, dst, 0, 8))
+    link = _copy_connection(server, ticket, 8, expires, key)
+    try:
+        link.send(m.PeerWrite.TYPE, m.encode(m.PeerWrite(ticket, 8)), [b"12345678"], req_id=1)
+        reply = link.recv(timeout=10)
+        assert isinstance(m.decode(reply.type, reply.meta), m.PeerDone)
+        link.send(m.Stats.TYPE, m.encode(m.Stats()), req_id=2)
+        reply = m.decode(*(lambda r: (r.type, r.meta))(link.recv(timeout=10)))
+        assert isinstance(reply, m.ErrorReply) and "not a request" in reply.message
+    finally:
+        link.close()
+    assert dest.sync() >= 0 and dest.read(dst, 8) == b"12345678"
+    with pytest.raises(AuthError, match="replayed"):  # the same key again
+        _copy_connection(server, ticket, 8, expires, key).close()
 
 
 def test_bad_halves_are_reported_at_the_next_sync(connect):
@@ -52,10 +101,10 @@ def test_bad_halves_are_reported_at_the_next_sync(connect):
     client.send(m.PeerReceive(b"x", sid, 0, 16))  # a ticket of the wrong size
     with pytest.raises(ProtocolError, match="ticket"):
         client.sync()
-    client.send(m.PeerSend(_ticket(), sid, 8, 16, "127.0.0.1:1", "t"))  # outside the storage
+    client.send(_send_half(_ticket(), sid, 8, 16, "127.0.0.1:1", "t"))  # outside the storage
     with pytest.raises(Exception, match="outside storage"):
         client.sync()
-    client.send(m.PeerSend(_ticket(), sid, 0, 16, "127.0.0.1:1", "t"))  # nobody listens there
+    client.send(_send_half(_ticket(), sid, 0, 16, "127.0.0.1:1", "t"))  # nobody listens there
     with pytest.raises(Exception, match="(?i)refused|connect"):
         client.sync()
     assert client.ping() == 7
@@ -64,14 +113,14 @@ def test_bad_halves_are_reported_at_the_next_sync(connect):
 def test_peer_send_with_a_wrong_token_is_an_auth_error(server, connect):
     source, dest = connect(), connect()
     src, dst = source.alloc(8), dest.alloc(8)
-    source.send(m.PeerSend(_ticket(), src, 0, 8, f"{server.tcp[0]}:{server.tcp[1]}", "wrong-token"))
-    with pytest.raises(Exception, match="token"):
+    source.send(_send_half(_ticket(), src, 0, 8, f"{server.tcp[0]}:{server.tcp[1]}", "wrong-token"))
+    with pytest.raises(Exception, match="token|key"):
         source.sync()
     del dst
 
 
 def test_peer_messages_round_trip_and_type_checks():
-    msg = m.PeerSend(b"t" * 16, 3, 8, 64, "10.0.0.2:18515", "tok")
+    msg = m.PeerSend(b"t" * 16, 3, 8, 64, "10.0.0.2:18515", "key", 1800000000)
     assert m.decode(m.PeerSend.TYPE, m.encode(msg)) == msg
     for bad in (m.PeerReceive(b"t" * 16, "3", 0, 1), m.PeerWrite("ticket", 1), m.PeerDone(1.5)):
         with pytest.raises(ProtocolError):

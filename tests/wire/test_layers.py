@@ -50,7 +50,7 @@ def test_fixed_example_bytes():
     # one fixed message written out by hand, so a layout change cannot go unnoticed
     pkt = RAPrologue(type=wire.MsgType.PING, req_id=1, lengths=[], meta=b"\x0c\x80")
     raw = bytes(pkt)
-    assert raw[:24] == bytes.fromhex("5241" "02" "04" "0000" "0000" "00000001" "00000002" "0000000000000000")
+    assert raw[:24] == bytes.fromhex("5241" "03" "04" "0000" "0000" "00000001" "00000002" "0000000000000000")
     assert raw[28:] == b"\x0c\x80"
     assert struct.unpack("!I", raw[24:28])[0] == prologue_crc(raw)
 
