@@ -10,9 +10,9 @@ finder on sys.meta_path registers the device right after torch has loaded.
 A server process (which imports remote_accel.server first) does not register it: its
 own torch device might be another PrivateUse1 backend. init() registers in any case.
 
-When torch itself imports remote_accel (its device-backend autoload, see _autoload),
-torch is still initialising: registering then is _autoload's decision, made from the
-environment, so that a process that names no server loads nothing more.
+When torch itself imports remote_accel (its device-backend autoload in a process whose
+environment names a server, see remote_accel_autoload), torch is still initialising:
+the autoload sets the device up itself.
 """
 
 from __future__ import annotations

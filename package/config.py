@@ -43,7 +43,7 @@ SETTINGS = {s.name: s for s in (
     Setting("REMOTE_ACCEL_DPDK_DOORBELL", "1", "both", "memif/ring waiters sleep until the peer's next frame"),
     Setting("REMOTE_ACCEL_MEMIF_BSIZE", "16384", "both", "memif buffer size in bytes (one frame per buffer)"),
     Setting("REMOTE_ACCEL_CLIENT_CACHE_MB", "1024", "client (C++)", "free host blocks kept for .cpu() results"),
-    Setting("REMOTE_ACCEL_HOST_CACHE_MB", "1024", "server (C++)", "free host blocks kept for the server's storages"),
+    Setting("REMOTE_ACCEL_HOST_CACHE_MB", "2048", "server (C++)", "free host blocks kept for the server's storages"),
 )}
 
 

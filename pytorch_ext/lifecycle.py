@@ -149,7 +149,7 @@ def init(
 
 def connect_on_first_use() -> None:
     """Torch autoloaded remote_accel in a process whose environment names a server
-    (_autoload): make the device known now, and connect at its first use."""
+    (remote_accel_autoload): make the device known now, and connect at its first use."""
     from . import _register
 
     _register.register_device()

@@ -318,11 +318,10 @@ def main(argv: Optional[list] = None) -> int:
     pool = server.pool.figures()
     # one INFO line a start: what an operator needs to know; the details at DEBUG
     log.info("remote-accel-server %s on %s (%s): %d CPU threads, memory limit per client %d bytes, device memory "
-             "%d bytes for all clients, swap space %d bytes, at most %d clients", __version__, device.name,
-             device.properties()["name"], torch.get_num_threads(), server.session_limit, pool[0], pool[1],
-             args.max_clients)
-    log.debug("token file %s; op namespaces %s; CPU threads: %s; CPU bernoulli_: %s", token_file,
-              ",".join(namespaces), threads_from, bernoulli)
+             "%d bytes for all clients, swap space %d bytes, at most %d clients, op namespaces %s", __version__,
+             device.name, device.properties()["name"], torch.get_num_threads(), server.session_limit, pool[0],
+             pool[1], args.max_clients, ",".join(namespaces))
+    log.debug("token file %s; CPU threads: %s; CPU bernoulli_: %s", token_file, threads_from, bernoulli)
     if metrics is not None:
         from .metrics import registry
 

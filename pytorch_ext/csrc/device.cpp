@@ -87,7 +87,9 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
     synchronizeDevice(s.device_index());
   }
   void synchronizeDevice(c10::DeviceIndex index) const override {
-    hooks().synchronize_device(index < 0 ? t_current_device : index);
+    if (auto* h = device_hooks()) {
+      h->synchronize_device(index < 0 ? t_current_device : index);
+    }
   }
   // Events. torch.Event's record() queues a marker after the ops issued so far; the
   // server notes the time (a CUDA event on a CUDA server) when its device reaches it, so
@@ -109,16 +111,20 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
       *event = e;
     }
     e->device = index;
-    hooks().record_event(e->device, e->id);
+    if (auto* h = device_hooks()) {
+      h->record_event(e->device, e->id);
+    }
   }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void* event) const override {
     auto* e = static_cast<Event*>(event);
-    return e == nullptr || hooks().query_event(e->device, e->id);
+    auto* h = device_hooks();
+    return e == nullptr || h == nullptr || h->query_event(e->device, e->id);
   }
   void synchronizeEvent(void* event) const override {
-    if (auto* e = static_cast<Event*>(event)) {
-      hooks().synchronize_event(e->device, e->id);
+    auto* e = static_cast<Event*>(event);
+    if (auto* h = device_hooks(); e != nullptr && h != nullptr) {
+      h->synchronize_event(e->device, e->id);
     }
   }
   double elapsedTime(void* start, void* end, c10::DeviceIndex) const override {
@@ -134,6 +140,8 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
     delete static_cast<Event*>(event);
   }
 
+  // Before Python installed the hooks (the C++ part loaded alone: no server to ask), events
+  // and waits behave as they did when they were local: always complete.
   static DeviceHooks& hooks() {
     auto* h = device_hooks();
     TORCH_CHECK(h != nullptr, "remote_accel: the device is not registered yet (import remote_accel)");

@@ -31,13 +31,9 @@ MAY_IMPORT = {
 }
 #: `import remote_accel` sits above every layer but tools (it hands out init() of pytorch_ext)
 ENTRY_POINTS = {"remote_accel"}
-#: the imports that go up, and why: the hook (a base module, so that the server can
-#: switch it off) registers the device once torch has loaded, in a function it runs then;
-#: torch's autoload entry point (a base module, so that an unconfigured process loads
-#: nothing more) sets the device up, in the function torch calls, when the environment
-#: names a server
-UPWARD = {("remote_accel._torch_hook", "remote_accel.pytorch_ext._register"),
-          ("remote_accel._autoload", "remote_accel.pytorch_ext.lifecycle")}
+#: the one import that goes up, and why: the hook (a base module, so that the server can
+#: switch it off) registers the device once torch has loaded, in a function it runs then
+UPWARD = {("remote_accel._torch_hook", "remote_accel.pytorch_ext._register")}
 #: layers that must run without torch (the data plane serves tools and benchmarks too);
 #: buffers.py may make a tensor over pinned memory, inside the function that does it
 TORCH_FREE = {"base", "dpdk_shim", "dataplane"}

@@ -19,6 +19,13 @@ NOT_SETTINGS = re.compile(r"REMOTE_ACCEL_(\w+_H|VERSION|DEVICE_ALLOCATOR|TEST_DE
 OWN_READERS = {"package/config.py", "dataplane/host_pages.h"}
 
 
+def test_autoload_names_the_server_variables_of_the_settings():
+    """remote_accel_autoload.py reads them without importing the package."""
+    import remote_accel_autoload
+
+    assert set(remote_accel_autoload.SERVER_VARIABLES) == {config.ENV_SERVER, config.ENV_TRANSPORT}
+
+
 def _sources():
     for folder in SOURCE_FOLDERS:
         for path in sorted((CHECKOUT / folder).rglob("*")):
