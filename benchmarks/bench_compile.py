@@ -1,6 +1,7 @@
 """Compiled training step: remote (the server compiles the graphs) vs local eager CPU.
 
     python benchmarks/bench_compile.py [--transport tcp|dpdk] [--steps N] [--rounds N] [--server-threads N]
+                                       [--runs replayed,compiled,...]
 
 The tiny Transformer of issue #12 (2 encoder layers, d_model 64, 4 heads, ff 128, batch
 8x32, AdamW), medians of --steps steps of: local eager CPU (torch's threads as they are,
@@ -150,8 +151,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="local and remote runs alternate this many times")
     add_server_threads_option(parser)
+    parser.add_argument("--runs", default=",".join(REMOTE_RUNS),
+                        help="the remote runs, comma-separated (default: all of " + ", ".join(REMOTE_RUNS) + ")")
     parser.add_argument("--side", choices=("local", *REMOTE_RUNS), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if not runs or any(r not in REMOTE_RUNS for r in runs):
+        parser.error(f"--runs: some of {', '.join(REMOTE_RUNS)}")
     torch.manual_seed(0)
     model = TinyTransformer()
     if args.side == "local":
@@ -168,7 +174,7 @@ def main() -> int:
     rounds: list = []  # local and remote alternate, so that a slow spell of the host hits both
     for _ in range(args.rounds):
         rounds.append({"local": _child("local", args, local_env),
-                       **{name: _child(name, args, dict(os.environ)) for name in REMOTE_RUNS}})
+                       **{name: _child(name, args, dict(os.environ)) for name in runs}})
     median = lambda pick: statistics.median(pick(r) for r in rounds)  # noqa: E731
     local_eager, local_1 = median(lambda r: r["local"]["local"]), median(lambda r: r["local"]["local_1"])
     rows = ((f"local eager CPU ({rounds[0]['local']['threads']} threads)", lambda r: r["local"]["local"]),
@@ -185,12 +191,18 @@ def main() -> int:
           f"then of {args.rounds} rounds; each run in a process of its own, the local ones with OpenMP's "
           "default wait policy; [per-round ratios to local eager]")
     for name, pick in rows:
-        seconds = median(pick)
+        try:
+            seconds = median(pick)
+        except KeyError:  # a remote run that --runs left out
+            continue
         ratios = ", ".join(f"{pick(r) / r['local']['local']:.2f}" for r in rounds)
         print(f"step time {name + ':':46s} {seconds * 1e3:8.2f} ms  ({seconds / local_eager:.2f}x local eager, "
               f"{seconds / local_1:.2f}x on 1 thread) [{ratios}]")
     remote = rounds[-1]
-    print(f"server graph figures: {remote['compiled']['stats']}; with the optimizer: {remote['with_opt']['stats']}")
+    figures = {name: remote[name]["stats"] for name in ("compiled", "with_opt") if name in remote}
+    if figures:
+        print("server graph figures: " + "; ".join(
+            f"{'with the optimizer: ' if name == 'with_opt' else ''}{stats}" for name, stats in figures.items()))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Cost of the remote_accel device against local CPU, measured side by side in one run.
 
     python benchmarks/bench_device.py [--transport tcp|dpdk|both] [--steps N] [--server-threads N]
+                                      [--chain-ops N] [--idle-matmuls N]
 
 Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) per transport (each in a
 process of its own with `both`, the default) and reports: the tiny-op chain (40,000
@@ -241,13 +242,24 @@ ROWS = (
     ("MLP step local compiled (Inductor) (ms)", lambda r: f"{r['mlp_local_compiled_ms']:.2f}"),
     *((name, lambda r, key=key: f"{r[key]:.1f}") for name, key in sync_points.SYNC_ROWS),
     ("tiny GPT-2 generate 16 tokens remote / CPU (ms)", _generate_row),
-    (f"idle client: {sync_points.IDLE_MATMULS} local matmul+tanh (s)",
+    ("idle client: {matmuls} local matmul+tanh (s)",
      lambda r: f"{r['idle_connected_s']:.2f} / {r['idle_unconnected_s']:.2f} = "
                f"{r['idle_connected_s'] / r['idle_unconnected_s']:.2f}x"),
     ("idle client's own CPU use (% of a core)", lambda r: f"{r['idle_cpu'] * 100:.1f}"),
 )
 #: what the idle-client row compares
 IDLE_NOTE = "idle client: connected (idle) / before init() in the same process"
+
+
+def _set_sizes(chain_ops: int, idle_matmuls: int) -> None:
+    """--chain-ops and --idle-matmuls (defaults: CHAIN_OPS, sync_points.IDLE_MATMULS)."""
+    global CHAIN_OPS
+    CHAIN_OPS = chain_ops
+    sync_points.IDLE_MATMULS = idle_matmuls
+
+
+def _name(name: str) -> str:
+    return name.format(matmuls=sync_points.IDLE_MATMULS)
 
 
 def _cell(fmt, result: dict) -> str:
@@ -265,16 +277,25 @@ def main() -> int:
     parser.add_argument("--sync-only", action="store_true",
                         help="only the sync points, the generate ratio and the idle-client cost")
     add_server_threads_option(parser)
+    # smaller runs (a smoke test's): the chains' length and the idle-client work
+    parser.add_argument("--chain-ops", type=int, default=CHAIN_OPS,
+                        help=f"ops per tiny-op chain (default: {CHAIN_OPS})")
+    parser.add_argument("--idle-matmuls", type=int, default=sync_points.IDLE_MATMULS,
+                        help=f"local matmuls of the idle-client rows (default: {sync_points.IDLE_MATMULS})")
     args = parser.parse_args()
+    if args.chain_ops < 2 or args.idle_matmuls < 1:
+        parser.error("--chain-ops is at least 2, --idle-matmuls at least 1")
+    _set_sizes(args.chain_ops, args.idle_matmuls)
     if args.transport != "both":
         result = measure(args.transport, args.steps, args.sync_only, args.server_threads)
-        print(json.dumps(result) if args.json else "\n".join(f"{n:48s} {_cell(f, result)}" for n, f in ROWS))
+        print(json.dumps(result) if args.json else "\n".join(f"{_name(n):48s} {_cell(f, result)}" for n, f in ROWS))
         return 0
     # A process per transport: the device and DPDK's EAL are set up once per process.
     results = []
     for transport in ("tcp", "dpdk"):
         child = subprocess.run([sys.executable, __file__, "--transport", transport, "--steps", str(args.steps),
-                                "--server-threads", str(args.server_threads), "--json"]
+                                "--server-threads", str(args.server_threads), "--chain-ops", str(args.chain_ops),
+                                "--idle-matmuls", str(args.idle_matmuls), "--json"]
                                + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
         lines = child.stdout.strip().splitlines()
         if child.returncode != 0 or not lines:
@@ -286,7 +307,7 @@ def main() -> int:
         return 0
     print(f"{'':48s} " + " ".join(f"{r['transport']:>30s}" for r in results))
     for name, fmt in ROWS:
-        print(f"{name:48s} " + " ".join(f"{_cell(fmt, r):>30s}" for r in results))
+        print(f"{_name(name):48s} " + " ".join(f"{_cell(fmt, r):>30s}" for r in results))
     print(IDLE_NOTE)
     return 0 if len(results) == 2 else 1
 
