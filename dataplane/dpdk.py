@@ -314,6 +314,9 @@ class DpdkTransport(Transport):
         """The exception recv() raises for the shim's return code `rc` (a -errno)."""
         return self._fail(rc, "recv")
 
+    def native_link(self) -> Optional[tuple]:
+        return ("dpdk", self.native_addresses())
+
     def native_addresses(self) -> tuple:
         """(conn, wire, head, head capacity, info, shim_conn_recv_msg, shim_conn_send_msg) as
         integers, for a server session's receive loop in C++ (server/csrc/fast_loop.h). It

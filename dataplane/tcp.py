@@ -170,6 +170,9 @@ class TcpTransport(Transport):
         return Message(header.type, meta, buffers, header.req_id, header.flags)
 
     # -- a server session's receive loop in C++ (server/csrc/tcp_link.h) -----------------
+    def native_link(self) -> Optional[tuple]:
+        return ("tcp", self.native_socket())
+
     def native_socket(self) -> tuple:
         """(fd, read-ahead buffer address, its capacity, poll window ns, stall timeout ns,
         (magic0, magic1, version, max_meta, max_payloads, max_payload_total)) for a server

@@ -78,8 +78,9 @@ class TlsTransport(TcpTransport):
     at `connect` on a client, and in the first recv (within its timeout) on a server,
     so that an accept loop never waits for a slow or hostile peer."""
 
-    #: the server's C++ receive loop reads plain sockets only: a TLS session stays in Python
-    native_socket = None
+    def native_link(self) -> None:
+        """The server's C++ receive loop reads plain sockets only: a TLS session stays in Python."""
+        return None
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
                  server_hostname: Optional[str] = None, **kwargs):

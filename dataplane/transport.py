@@ -56,6 +56,22 @@ class Transport(abc.ABC):
         the transport is then unusable and closed).
         """
 
+    def send_many(self, messages: Sequence, *, flags: int = 0) -> None:
+        """Send (type, meta, payloads, req_id) messages in order. A link that can sends them
+        as one (TCP: one system call), so that a sync point's flush and its request wake the
+        peer once; this default sends them one by one. Raises as send."""
+        for msg_type, meta, payloads, req_id in messages:
+            self.send(msg_type, meta, payloads, req_id=req_id, flags=flags)
+
+    def native_link(self) -> Optional[tuple]:
+        """What a server session's receive loop in C++ (server/csrc/fast_loop.h) needs to
+        read and write this link itself: ("tcp", TcpTransport.native_socket()) or
+        ("dpdk", DpdkTransport.native_addresses()). Such a transport also offers the hand-
+        over the session makes around that loop (finish_recv, recv_error, send_locked; TCP:
+        read_ahead, set_read_ahead, add_native_counts). None, this default: every message
+        goes through Python (TLS, which the C++ loop cannot decrypt)."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Close the link; idempotent. Blocked calls in other threads fail with TransportClosed."""

@@ -58,7 +58,7 @@ class Session:
 
     def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = ""):
         self.transport = transport
-        self._transport_send_many = getattr(transport, "send_many", None)
+        self._transport_send_many = transport.send_many
         self.timeout = timeout
         self._req_ids = itertools.count(1)
         self._lock = threading.RLock()  # sync calls and flushes; RLock: flush inside sync
@@ -365,7 +365,7 @@ class Session:
 
     def _send_many(self, messages: list, drain: bool = True, defer: bool = True) -> None:
         """Send (type, meta, payloads, req_id) messages in order, in one transport call
-        where the transport has send_many. defer=False: the caller holds interrupts.deferred()."""
+        where the transport can. defer=False: the caller holds interrupts.deferred()."""
         if drain and self._sender is not None:
             self._drain_outbox()  # in order: the batches posted before these messages first
         self._check_alive()
@@ -381,12 +381,7 @@ class Session:
         self._last_send = time.monotonic()
 
     def _transmit(self, messages: list) -> None:
-        send_many = self._transport_send_many
-        if send_many is not None:
-            send_many(messages)
-        else:
-            for msg_type, meta, payloads, req_id in messages:
-                self.transport.send(msg_type, meta, payloads, req_id=req_id)
+        self._transport_send_many(messages)
 
     def _handshake(self, token: str, client: str) -> m.Welcome:
         """The challenge-response handshake. A peer that stays silent, closes, or answers

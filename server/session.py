@@ -173,15 +173,15 @@ class Session(Receiving):
         through Python)."""
         if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP") or self.copy_grant is not None:
             return None  # a copy session's one message goes through Python's checks
-        dpdk = getattr(self.transport, "native_addresses", None)
-        tcp = getattr(self.transport, "native_socket", None)
-        if dpdk is not None:
-            link = native.DpdkLink(dpdk())
-        elif tcp is not None:
-            fd, buffer, capacity, poll_ns, stall_ns, wire_params = tcp()
-            link = self._tcp_link = native.TcpLink(fd, buffer, capacity, wire_params, poll_ns, stall_ns)
-        else:
+        described = self.transport.native_link()
+        if described is None:
             return None
+        kind, what = described
+        if kind == "dpdk":
+            link = native.DpdkLink(what)
+        else:
+            fd, buffer, capacity, poll_ns, stall_ns, wire_params = what
+            link = self._tcp_link = native.TcpLink(fd, buffer, capacity, wire_params, poll_ns, stall_ns)
         types = (MsgType.BATCH, MsgType.READ, MsgType.SYNC, MsgType.DATA, MsgType.SYNC_OK, MsgType.PONG)
         loop = native.FastLoop(self.executor.native, link, tuple(map(int, types)), not self.device.accelerator,
                                SMALL_READ, _PONG_META)
