@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from graph_cycles import cycles
+
 CHECKOUT = Path(__file__).resolve().parents[2]
 SHIM = CHECKOUT / "dpdk_shim"
 #: bottom to top: a file may call files of its own layer and of those before it
@@ -82,43 +84,12 @@ def upward(found: list[tuple[str, str, str]]) -> list[str]:
             if LAYERS.index(layer(dst)) > LAYERS.index(layer(src))]
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one file (Tarjan)."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def circles(found: list[tuple[str, str, str]], name: str) -> list[list[str]]:
     graph: dict[str, set[str]] = {}
     for src, dst, _ in found:
         if layer(src) == layer(dst) == name:
             graph.setdefault(src, set()).add(dst)
-    return _cycles(graph)
+    return cycles(graph)
 
 
 def misplaced_api(defined: dict[str, str]) -> list[str]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from graph_cycles import cycles
+
 CHECKOUT = Path(__file__).resolve().parents[2]
 #: source folder -> its package inside remote_accel
 FOLDERS = {"package": "", "dpdk_shim": "dpdk_shim", "dataplane": "dataplane", "torch_wire": "torch_wire",
@@ -95,37 +97,6 @@ def _graph() -> dict[str, set[str]]:
     return {m: {t for t, _ in _imports(m, p)} for m, p in MODULES.items()}
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_the_checkout_has_the_layers_it_names():
     assert set(MAY_IMPORT) == {layer(m) for m in MODULES} | {"base"}
     for name in ("remote_accel.dataplane.wire", "remote_accel.torch_wire.values", "remote_accel.server.session",
@@ -138,7 +109,7 @@ def test_no_import_circle_inside_a_layer(name):
     graph = _graph()
     inside = {m: {t for t in deps if layer(t) == name and t not in ENTRY_POINTS}
               for m, deps in graph.items() if layer(m) == name and m not in ENTRY_POINTS}
-    circles = _cycles(inside)
+    circles = cycles(inside)
     assert not circles, f"modules that import each other, directly or in a circle: {circles}"
 
 
@@ -177,4 +148,4 @@ def test_the_lower_layers_do_without_torch():
 
 def test_the_circle_finder_finds_circles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
-    assert _cycles(graph) == [["a", "b", "c"]]
+    assert cycles(graph) == [["a", "b", "c"]]
