@@ -328,3 +328,27 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- certificates for TLS tests and benchmarks, as an admin's small CA would make them ---------------
+def openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=120)
+
+
+def make_ca(folder, name: str) -> str:
+    """A self-signed CA in `folder`: NAME.crt and NAME.key; returns the certificate's path."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", f"{name}.key",
+            "-out", f"{name}.crt", "-subj", f"/CN=test {name}", cwd=folder)
+    return os.path.join(str(folder), f"{name}.crt")
+
+
+def make_leaf(folder, name: str, ca: str, san: str) -> tuple[str, str]:
+    """A certificate for `san` ("IP:127.0.0.1,DNS:localhost") signed by CA `ca` (a name
+    make_ca made in the same folder); returns (certificate, key) paths."""
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}", cwd=folder)
+    with open(os.path.join(str(folder), f"{name}.ext"), "w") as f:
+        f.write(f"subjectAltName={san}\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=folder)
+    return os.path.join(str(folder), f"{name}.crt"), os.path.join(str(folder), f"{name}.key")

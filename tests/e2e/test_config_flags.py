@@ -19,31 +19,12 @@ import torch
 import remote_accel
 from remote_accel.errors import ConfigError, RemoteAccelError
 from remote_accel.pytorch_ext import runtime
-from remote_accel.server.testing import ServerProcess
+from remote_accel.server.testing import make_ca, make_leaf, ServerProcess
 
 MIB = 1 << 20
 
 
 # -- mutual TLS ------------------------------------------------------------------------
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=120)
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", f"{name}.key",
-            "-out", f"{name}.crt", "-subj", f"/CN=test {name}", cwd=d)
-
-
-def make_leaf(d, name, ca, san):
-    """A certificate for `san` signed by CA `ca`; (certificate, key) paths."""
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN={name}", cwd=d)
-    (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-            "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=d)
-    return str(d / f"{name}.crt"), str(d / f"{name}.key")
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")

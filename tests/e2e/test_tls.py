@@ -3,7 +3,6 @@ CLI, the real client device, the test client for the refusals."""
 
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 import torch
@@ -13,28 +12,7 @@ import remote_accel
 from remote_accel.dataplane.tls import client_context
 from remote_accel.errors import AuthError, ConfigError, PeerGone, RemoteAccelError
 from remote_accel.pytorch_ext import lifecycle, runtime
-from remote_accel.server.testing import Client, ServerProcess
-
-def openssl(*args, cwd):
-    """The openssl CLI (quickstart.sh installs it)."""
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=120)
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", f"{name}.key",
-            "-out", f"{name}.crt", "-subj", f"/CN=test {name}", cwd=d)
-    return d / f"{name}.crt"
-
-
-def make_leaf(d, name, ca, san):
-    """A certificate for `san`, signed by CA `ca` (the way an admin's small CA would)."""
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN={name}", cwd=d)
-    (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-            "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=d)
-    return d / f"{name}.crt", d / f"{name}.key"
-
+from remote_accel.server.testing import make_ca, make_leaf, openssl, Client, ServerProcess
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
