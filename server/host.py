@@ -29,6 +29,9 @@ class Host(Protocol):
     def admit(self, session: Guest) -> bool:
         """Count an authenticated session; False when max_clients are already served."""
 
+    def handshake_over(self, session: Guest) -> None:
+        """The session authenticated or was refused: it holds no handshake slot any more."""
+
     def remove(self, session: Guest) -> None:
         """The session ended (its thread is about to return)."""
 

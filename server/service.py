@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
@@ -27,8 +28,14 @@ log = logging.getLogger(__name__)
 
 #: How often accept threads look at the stop flag.
 ACCEPT_POLL_S = 0.2
-#: Connections still in their handshake, beyond max_clients, before new ones are dropped.
-MAX_HANDSHAKING = 32
+#: Connections still in their handshake (not yet authenticated), from all sources and from
+#: one source address. Past either, the oldest such connection (of that source) is shed to
+#: make room: a client that connects goes through within its few milliseconds of handshake
+#: however many idle or half-open connections others hold, and a shed one is told why
+#: (an ErrorReply "busy", never a silent close). They count apart from max_clients: they
+#: never starve authenticated clients. auth.HANDSHAKE_TIMEOUT_S bounds each in time.
+MAX_HANDSHAKING = 256
+MAX_HANDSHAKING_PER_SOURCE = 128
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 DEFAULT_MAX_CLIENTS = 64
 
@@ -55,6 +62,7 @@ class Server:
         self._lock = threading.Lock()
         self._live: set[Session] = set()  # every connection, handshaking or admitted
         self._admitted: set[Session] = set()
+        self._handshaking: "OrderedDict[Session, str]" = OrderedDict()  # oldest first -> its source
         self._threads: set[threading.Thread] = set()
         self._listeners: list[Listener] = []
         self._next_number = 1
@@ -87,19 +95,41 @@ class Server:
             self._open(transport)
 
     def _open(self, transport: Transport) -> None:
+        source = _source(transport.peer)
         with self._lock:
-            if self.stopping or len(self._live) >= self.max_clients + MAX_HANDSHAKING:
-                full = True
-            else:
-                full = False
-                session = Session(self, transport, self._next_number)
-                self._next_number += 1
-                self._live.add(session)
-        if full:
-            log.warning("dropping connection from %s: too many connections", transport.peer)
-            transport.close()
-            return
+            if self.stopping:
+                transport.close()
+                return
+            shed = self._make_room(source)
+            session = Session(self, transport, self._next_number)
+            self._next_number += 1
+            self._live.add(session)
+            self._handshaking[session] = source
+        if shed is not None:
+            log.warning("shedding %s, the oldest connection still in its handshake (%s), for %s",
+                        shed.transport.peer, "its source has %d" % MAX_HANDSHAKING_PER_SOURCE
+                        if self._handshaking.get(shed, source) == source else "%d in all" % MAX_HANDSHAKING,
+                        transport.peer)
+            shed.refuse_busy("too many connections to this server are in their handshake")
         self._start(session.serve, f"session {session.number}")
+
+    def _make_room(self, source: str):
+        """The oldest handshaking connection to shed for a new one from `source` (None: there
+        is room); taken out of the handshaking ones. The caller holds the lock."""
+        same = [s for s, src in self._handshaking.items() if src == source]
+        if len(same) >= MAX_HANDSHAKING_PER_SOURCE:
+            victim = same[0]
+        elif len(self._handshaking) >= MAX_HANDSHAKING:
+            victim = next(iter(self._handshaking))
+        else:
+            return None
+        del self._handshaking[victim]
+        return victim
+
+    def handshake_over(self, session: Session) -> None:
+        """The session authenticated, or was refused: it no longer counts as handshaking."""
+        with self._lock:
+            self._handshaking.pop(session, None)
 
     def _start(self, target, name: str, *args) -> None:
         thread = threading.Thread(target=self._run_thread, args=(target, args), name=name, daemon=True)
@@ -129,6 +159,7 @@ class Server:
     def remove(self, session: Session) -> None:
         with self._lock:
             self._live.discard(session)
+            self._handshaking.pop(session, None)
             if session in self._admitted:
                 self._admitted.discard(session)
                 self._ended_sessions += 1
@@ -200,3 +231,12 @@ class Server:
         left = [t.name for t in threads if t.is_alive()]
         if left:
             log.warning("still busy at shutdown: %s", ", ".join(left))
+
+
+def _source(peer: str) -> str:
+    """The address a connection comes from, without its port ("tcp:10.0.0.5:40000" ->
+    "tcp:10.0.0.5"); a link without ports (memif) is a source of its own."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("tcp", "tls") and rest.rpartition(":")[0]:
+        return f"{kind}:{rest.rpartition(':')[0]}"
+    return peer

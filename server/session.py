@@ -121,7 +121,16 @@ class Session(Receiving):
             self._release(reason)
 
     def _handshake(self) -> bool:
-        return auth.handshake(self)
+        try:
+            return auth.handshake(self)
+        finally:
+            self.server.handshake_over(self)
+
+    def refuse_busy(self, why: str) -> None:
+        """Shed this connection while it is in its handshake (from the accept thread): tell
+        the client the server is busy, and close; the session thread then ends."""
+        self._send_quietly(m.ErrorReply(failure.BUSY, f"the server is busy: {why}; try again later", ""))
+        self.transport.close()
 
     def _loop(self) -> str:
         self._stream = self.device.new_stream()
