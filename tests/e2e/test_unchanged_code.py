@@ -24,8 +24,10 @@ TRAIN_WITHOUT_IMPORT = textwrap.dedent("""
     runtime = sys.modules.get("remote_accel.pytorch_ext.runtime")
     connected = runtime is not None and runtime.is_initialized()  # not before the first use
     dev = torch.accelerator.current_accelerator()
-    print("accelerator", dev, torch.accelerator.is_available(), torch.accelerator.device_count(), connected)
-    if dev is None:
+    ours = dev is not None and dev.type == "remote_accel"  # a CUDA build of torch says cuda, GPU or not
+    print("accelerator", ours, torch.accelerator.is_available(), torch.accelerator.device_count() if ours else "-",
+          connected)
+    if not ours:
         print("extension", "remote_accel.pytorch_ext._native" in sys.modules)
         sys.exit(0)
     torch.manual_seed(0)
@@ -76,7 +78,7 @@ def test_autoload_from_the_environment_trains_on_the_server(server_env):
     out = _run(TRAIN_WITHOUT_IMPORT, env)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
-    assert lines["accelerator"] == "remote_accel True 1 False"
+    assert lines["accelerator"] == "True True 1 False"
     device, loss = lines["device"].split()
     assert device == "remote_accel:0"
     assert float(loss) == pytest.approx(_local_loss(), rel=1e-5)
@@ -90,17 +92,19 @@ def test_no_device_without_configuration(server_env, extra):
     out = _run(TRAIN_WITHOUT_IMPORT, env)
     assert out.returncode == 0, out.stderr[-3000:]
     # no device, and the C++ extension never loaded: an unconfigured process pays nothing
-    assert out.stdout.splitlines() == ["accelerator None False 0 False", "extension False"]
+    # (no accelerator at all on a CPU build of torch; a CUDA build names cuda, unavailable here)
+    assert out.stdout.splitlines() == ["accelerator False False - False", "extension False"]
     assert "remote_accel" not in out.stderr
 
 
 def test_a_server_process_is_not_its_own_client(server_env):
     server, env = server_env
     env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token)
-    script = "import remote_accel.server, torch; print(torch.accelerator.current_accelerator())"
+    script = ("import remote_accel.server, torch; dev = torch.accelerator.current_accelerator(); "
+              "print(dev is not None and dev.type == 'remote_accel', torch._C._get_privateuse1_backend_name())")
     out = _run(script, env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "None"
+    assert out.stdout.strip() == "False privateuseone"
 
 
 EXPLICIT_INIT_WINS = textwrap.dedent("""
