@@ -135,15 +135,7 @@ class Session:
         view = memoryview(data).cast("B")
         self.counters["bytes_up"] += view.nbytes
         if view.nbytes >= LARGE_WRITE and background and self._sender is not None:
-            with self._lock:
-                self._check_alive()
-                self._collect()
-                batch = self._take_batch()
-                messages = [batch] if batch is not None else []
-                messages.append((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0))
-                if self._post(messages):
-                    return
-                self._send_many(messages)
+            self._post_after_batch((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0))
             return
         if view.nbytes >= LARGE_WRITE:
             with self._lock:
@@ -278,12 +270,16 @@ class Session:
         # instead of waiting here for that batch to leave (about a millisecond a graph
         # call on 2 shared cores, py-spy). Batch and call go as one entry: one wake-up of
         # the sender, one transport call (one wake-up of the server).
+        self._post_after_batch((msg.TYPE, m.encode(msg), [], 0))
+
+    def _post_after_batch(self, message: tuple) -> None:
+        """The queued batch, then `message` (type, meta, payloads, req_id), as one entry for
+        the sender thread; sent here when it has stopped."""
         with self._lock:
             self._check_alive()
             self._collect()
             batch = self._take_batch()
-            messages = [batch] if batch is not None else []
-            messages.append((msg.TYPE, m.encode(msg), [], 0))
+            messages = [batch, message] if batch is not None else [message]
             if not self._post(messages):
                 self._send_many(messages)
 
