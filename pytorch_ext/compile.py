@@ -234,12 +234,14 @@ def backend():
 def register_backend() -> None:
     from torch._dynamo import list_backends, register_backend as register
 
-    if "remote_accel" not in list_backends(exclude_tags=()):
-        register(name="remote_accel")(backend())
-    _route_default_backend()
+    if "remote_accel" in list_backends(exclude_tags=()):
+        return
+    compile_graph = backend()
+    register(name="remote_accel")(compile_graph)
+    _route_default_backend(compile_graph)
 
 
-def _route_default_backend() -> None:
+def _route_default_backend(remote) -> None:
     """torch.compile(model) with the default backend: graphs that touch remote tensors
     compile here (on the server), every other graph with Inductor as before. Inductor has
     no code generator for remote_accel (KeyError: 'remote_accel'); the server's Inductor
@@ -249,7 +251,6 @@ def _route_default_backend() -> None:
     if wrapper is None or getattr(wrapper.__call__, "remote_accel_routed", False):
         return
     inductor_call = wrapper.__call__
-    remote = backend()
 
     def __call__(self, model_, inputs_, **kwargs):
         if _touches_remote(model_, inputs_):
