@@ -97,7 +97,8 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   // ask the server. The autograd engine also records and blocks on events when a
   // gradient crosses devices (a model split over remote_accel:0 and :1): there block() has
   // nothing to order, since each server runs its session in issue order, and data reaches
-  // another device only by a copy that the destination waits for.
+  // another device only by a copy that the destination waits for. Before Python installed
+  // the hooks (the C++ part loaded alone, no server to ask), events are always complete.
   struct Event {
     uint64_t id;
     c10::DeviceIndex device;
@@ -133,19 +134,13 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(a != nullptr && b != nullptr, "remote_accel: both events must be recorded before elapsed_time()");
     TORCH_CHECK(a->device == b->device, "remote_accel: elapsed_time() between events of two devices (",
                 static_cast<int>(a->device), " and ", static_cast<int>(b->device), ")");
-    return hooks().elapsed_ms(a->device, a->id, b->id);
+    auto* h = device_hooks();
+    TORCH_CHECK(h != nullptr, "remote_accel: the device is not registered yet (import remote_accel)");
+    return h->elapsed_ms(a->device, a->id, b->id);
   }
   // The server forgets the oldest events itself (it keeps a bounded number per session).
   void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
     delete static_cast<Event*>(event);
-  }
-
-  // Before Python installed the hooks (the C++ part loaded alone: no server to ask), events
-  // and waits behave as they did when they were local: always complete.
-  static DeviceHooks& hooks() {
-    auto* h = device_hooks();
-    TORCH_CHECK(h != nullptr, "remote_accel: the device is not registered yet (import remote_accel)");
-    return *h;
   }
 };
 
