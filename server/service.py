@@ -100,31 +100,30 @@ class Server:
             if self.stopping:
                 transport.close()
                 return
-            shed = self._make_room(source)
+            shed, why = self._make_room(source)
             session = Session(self, transport, self._next_number)
             self._next_number += 1
             self._live.add(session)
             self._handshaking[session] = source
         if shed is not None:
             log.warning("shedding %s, the oldest connection still in its handshake (%s), for %s",
-                        shed.transport.peer, "its source has %d" % MAX_HANDSHAKING_PER_SOURCE
-                        if self._handshaking.get(shed, source) == source else "%d in all" % MAX_HANDSHAKING,
-                        transport.peer)
+                        shed.transport.peer, why, transport.peer)
             shed.refuse_busy("too many connections to this server are in their handshake")
         self._start(session.serve, f"session {session.number}")
 
-    def _make_room(self, source: str):
-        """The oldest handshaking connection to shed for a new one from `source` (None: there
-        is room); taken out of the handshaking ones. The caller holds the lock."""
+    def _make_room(self, source: str) -> tuple:
+        """(the oldest handshaking connection to shed for a new one from `source`, which
+        bound it is shed for), or (None, None) while there is room; the one shed is taken
+        out of the handshaking ones. The caller holds the lock."""
         same = [s for s, src in self._handshaking.items() if src == source]
         if len(same) >= MAX_HANDSHAKING_PER_SOURCE:
-            victim = same[0]
+            victim, why = same[0], f"{MAX_HANDSHAKING_PER_SOURCE} from its source"
         elif len(self._handshaking) >= MAX_HANDSHAKING:
-            victim = next(iter(self._handshaking))
+            victim, why = next(iter(self._handshaking)), f"{MAX_HANDSHAKING} in all"
         else:
-            return None
+            return None, None
         del self._handshaking[victim]
-        return victim
+        return victim, why
 
     def handshake_over(self, session: Session) -> None:
         """The session authenticated, or was refused: it no longer counts as handshaking."""
