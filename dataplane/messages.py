@@ -249,6 +249,29 @@ class EventReply:
     value: Any  # query: bool; elapsed: float milliseconds; synchronize: None
 
 
+# -- recovery: a client rebuilds its session on a new server (pytorch_ext/recovery.py) --------
+@_message(MsgType.STATE)
+class State:
+    """Answered by StateReply: what a snapshot of the session must keep."""
+
+
+@_message(MsgType.STATE_REPLY)
+class StateReply:
+    storages: tuple  # (sid, nbytes) of every storage the session holds, in sid order
+    generators: dict  # gen_id -> ((seed, epoch) or None, state bytes): every random stream
+
+
+@_message(MsgType.DEFINE)
+class Define:
+    """One-way: keep what `meta` describes without running anything: "plan" (the encoded
+    RunOp that defined a plan), "graph" (an encoded RunGraph with its nodes), or
+    "generators" (StateReply.generators, encoded). A recovering client sends these to a
+    new server before it replays the work since its snapshot."""
+
+    kind: str
+    meta: bytes
+
+
 # -- benchmarking -------------------------------------------------------------------------
 @_message(MsgType.ECHO)
 class Echo:

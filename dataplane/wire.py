@@ -66,6 +66,10 @@ class MsgType(enum.IntEnum):
     EMPTY_CACHE = 52
     EVENT = 53
     EVENT_REPLY = 54
+    # a client's recovery (pytorch_ext/recovery.py): read a session's state, rebuild it
+    STATE = 55
+    STATE_REPLY = 56
+    DEFINE = 57
     # benchmarking: the peer answers ECHO with ECHO_REPLY carrying the same payloads
     ECHO = 64
     ECHO_REPLY = 65

@@ -5,6 +5,7 @@ tools. The README's configuration table lists the same variables
 
 import argparse
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -43,6 +44,8 @@ SETTINGS = {s.name: s for s in (
     Setting("REMOTE_ACCEL_DPDK_DOORBELL", "1", "both", "memif/ring waiters sleep until the peer's next frame"),
     Setting("REMOTE_ACCEL_MEMIF_BSIZE", "16384", "both", "memif buffer size in bytes (one frame per buffer)"),
     Setting("REMOTE_ACCEL_CLIENT_CACHE_MB", "1024", "client (C++)", "free host blocks kept for .cpu() results"),
+    Setting("REMOTE_ACCEL_RECOVERY_MEMORY", "", "client", "host memory a session's recovery may keep "
+            "(snapshot, journal); default: a quarter of the host's"),
     Setting("REMOTE_ACCEL_HOST_CACHE_MB", "2048", "server (C++)", "free host blocks kept for the server's storages"),
 )}
 
@@ -74,6 +77,20 @@ def eal_args(argument) -> Optional[list]:
     if argument is None:
         argument = setting(ENV_EAL_ARGS) or None
     return shlex.split(argument) if isinstance(argument, str) else (list(argument) if argument is not None else None)
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMGTP]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+
+
+def parse_size(text: str) -> int:
+    """'8G', '512MiB', '1048576' -> bytes (binary units); ConfigError if it is none."""
+    from .errors import ConfigError
+
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise ConfigError(f"bad size {text!r}: expected BYTES or a number with K, M, G, T")
+    return int(match.group(1)) << _UNITS[match.group(2).upper()]
 
 
 DEFAULT_TCP_PORT = 18515

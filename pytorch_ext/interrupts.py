@@ -67,3 +67,10 @@ class deferred:
         _signal.signal(signal.SIGINT, signal.default_int_handler)
         if flag.is_set and exc_type is None:
             raise KeyboardInterrupt
+
+
+def pending() -> bool:
+    """Whether Ctrl-C came during the active deferred() (a long wait inside one, such as a
+    recovery's reconnecting, looks here between its slices)."""
+    flag = _active
+    return flag is not None and flag.is_set

@@ -45,6 +45,8 @@ def init(
     tls_ca: Optional[str] = None,
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
+    recovery: bool = True,
+    recovery_timeout: float = 60.0,
 ) -> None:
     """Connect to the remote_accel server(s); afterwards device="remote_accel" works.
 
@@ -71,6 +73,13 @@ def init(
       for its address under that CA is refused. DPDK links stay plain text.
     tls_cert, tls_key: this client's certificate and key, for a server that asks for one
       (--tls-client-ca; default: $REMOTE_ACCEL_TLS_CERT, $REMOTE_ACCEL_TLS_KEY).
+    recovery: when a server goes away (killed, crashed, restarted), reconnect to it (or
+      to a pool member's replacement), rebuild every tensor from a snapshot and a journal
+      of the work since, and go on with no exception (see recovery.py; host memory for
+      it: $REMOTE_ACCEL_RECOVERY_MEMORY). False: a dead server's tensors are lost, and
+      the next call raises RemoteAccelError at once.
+    recovery_timeout: seconds to wait for a server to answer again before giving up
+      with RemoteAccelError.
     """
     from . import _register
 
@@ -90,6 +99,8 @@ def init(
         # a pool: its addresses and tokens (the tokens came through the pool, never a file)
         pool = servers
         servers, tokens = list(pool.addresses()), list(pool.tokens())
+    else:
+        pool = None
         if transport == "auto":
             transport = "tcp"
     if servers is None:
@@ -99,6 +110,8 @@ def init(
         servers = [servers]
     if timeout <= 0:
         raise ConfigError("timeout must be positive")
+    if recovery_timeout <= 0:
+        raise ConfigError("recovery_timeout must be positive")
     if tokens is None and token is not None and not isinstance(token, str):
         tokens = token
     if tokens is not None:
@@ -118,10 +131,15 @@ def init(
             raise RemoteAccelError("remote_accel is already initialised; call remote_accel.shutdown() first")
         made: list[Session] = []
         try:
-            for address, (token, token_source) in zip(servers, token_sources):
+            for index, (address, (token, token_source)) in enumerate(zip(servers, token_sources)):
                 link = _connect(transport, address, port, eal_args, timeout, tls)
+                reconnect = None
+                if recovery:
+                    reconnect = _reconnector(pool, index, transport, address, port, eal_args, timeout, tls, token,
+                                             token_source, direct_copies)
                 try:
-                    made.append(Session(link, token=token, timeout=timeout))
+                    made.append(Session(link, token=token, timeout=timeout, reconnect=reconnect,
+                                        recovery_timeout=recovery_timeout))
                 except AuthError as exc:
                     exc.add_note(f"the token came from {token_source}")
                     raise
@@ -191,6 +209,25 @@ def _connect(transport: str, address: Optional[str], port: int, eal_args, timeou
     if tls is not None:
         return TlsTransport.connect(host, tcp_port, timeout=timeout, tls=tls)
     return TcpTransport.connect(host, tcp_port, timeout=timeout)
+
+
+def _reconnector(pool, index: int, transport: str, address: Optional[str], port: int, eal_args, timeout: float, tls,
+                 token: str, token_source: str, direct_copies: bool):
+    """How a recovering session reaches its server again: (transport, token, peer address).
+
+    A pool's member may have been replaced (a new address and token: asked anew); a token
+    read from the local server's token file is read again (a restarted server may have
+    written a new one)."""
+    def reconnect():
+        where, secret = address, token
+        if pool is not None:
+            where, secret = list(pool.addresses())[index], list(pool.tokens())[index]
+        elif token_source.startswith("the token file"):
+            secret = _default_token()[0]
+        link = _connect(transport, where, port, eal_args, timeout, tls)
+        return link, secret, _peer_address(link, where) if direct_copies else None
+
+    return reconnect
 
 
 def _peer_address(link, address: Optional[str]) -> Optional[str]:

@@ -22,10 +22,10 @@ import os
 import socket
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from ..errors import (DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, TransportError, TransportTimeout,
-                      WrongPeerError)
+from ..errors import (AuthError, DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError, TransportError,
+                      TransportTimeout, WrongPeerError)
 from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
@@ -33,7 +33,7 @@ from ..dataplane.codec import encode
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType
-from . import interrupts
+from . import interrupts, recovery
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,13 @@ _SYNC_META = m.encode(m.Sync())
 class Session:
     """One connection to one server (one remote_accel device index)."""
 
-    def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = ""):
+    def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = "",
+                 reconnect: Optional[Callable[[], tuple]] = None, recovery_timeout: float = 60.0,
+                 recovery_memory: Optional[int] = None):
+        """reconnect: makes a new transport to this session's server (the same address, or
+        a pool member's replacement) as (transport, token, peer_address); with it, the
+        session survives its server (recovery.py): it keeps a snapshot and a journal within
+        `recovery_memory` bytes, and waits up to `recovery_timeout` s for a server to come back."""
         self.transport = transport
         self._transport_send_many = transport.send_many
         self.timeout = timeout
@@ -85,7 +91,14 @@ class Session:
         self.native_queue = None
         #: the timer flush's delay (FLUSH_AFTER_S); None stops it (tests that look at the queue)
         self.flush_after: Optional[float] = FLUSH_AFTER_S
-        client = name or f"{socket.gethostname()} pid {os.getpid()}"
+        self._reconnect = reconnect
+        self.recovery_timeout = recovery_timeout
+        self._journal: Optional[recovery.Journal] = None
+        if reconnect is not None:
+            self._journal = recovery.Journal(recovery.default_memory() if recovery_memory is None else recovery_memory)
+        self._deaths = 0  # recoveries since the last reply: the same work killing the server again
+        self._snapshotting = False
+        client = self._client = name or f"{socket.gethostname()} pid {os.getpid()}"
         try:
             reply = self._handshake(token, client)
         except BaseException:
@@ -122,7 +135,10 @@ class Session:
     def run(self, op: str, args: tuple, kwargs: dict, outs: tuple, stream=None, plan: Optional[int] = None) -> None:
         """Queue a RunOp; `plan` also keeps it on the server for RunPlanned (fallback's plans)."""
         self.counters["ops"] += 1
-        self._queue(m.RunOp(op, args, kwargs, outs, False, stream, plan))
+        msg = m.RunOp(op, args, kwargs, outs, False, stream, plan)
+        self._queue(msg)
+        if plan is not None and self._journal is not None:
+            self._journal.define_plan(plan, m.encode(msg))
 
     def write(self, sid: int, offset: int, data, background: bool = False) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
@@ -235,6 +251,10 @@ class Session:
             if self._dead is None:
                 self._take_native()  # they are issued: they leave with the next batch
             out = dict(self.counters)
+        journal = self._journal
+        out["recovery_bytes"] = journal.nbytes if journal is not None else 0
+        out["recoveries"] = journal.recoveries if journal is not None else 0
+        out["replayed_ops"] = journal.replayed_ops if journal is not None else 0
         wire = self.transport.stats()
         for key, name in (("tx_bytes", "bytes_sent"), ("rx_bytes", "bytes_received"),
                           ("tx_messages", "messages_sent"), ("rx_messages", "messages_received")):
@@ -263,6 +283,8 @@ class Session:
 
     def run_graph(self, msg: m.RunGraph) -> None:
         self.counters["graphs"] += 1
+        if msg.nodes and self._journal is not None:
+            self._journal.define_graph(msg.graph_id, m.encode(msg))
         if msg.nodes or self._sender is None:
             self._queue_message(msg)
             return
@@ -317,6 +339,151 @@ class Session:
                 self.native_queue.close()  # later ops come to Python, which raises
             self.transport.close()
         return RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {exc}")
+
+    # -- recovery (recovery.py) ---------------------------------------------------------------------
+    def _lost(self, exc: Exception, messages: list) -> None:
+        """The server went away while `messages` were sent or answered: recover, then send
+        again those of them the journal does not replay (requests with a reply); or fail
+        (raises RemoteAccelError as without recovery)."""
+        if self._journal is not None and self._dead is None and threading.current_thread() is self._sender:
+            self.transport.close()  # what it sent is in the journal: the user's thread recovers
+            return
+        requests = [msg for msg in messages if msg[3]]
+        while True:
+            if not self._recover(exc):
+                raise self._fail(exc) from exc
+            try:
+                if requests:
+                    self._transport_send_many(requests)
+                return
+            except TransportError as again:
+                exc = again
+
+    def _recover(self, cause: Exception) -> bool:
+        """Rebuild this session on a server that answers at its address again; False: it
+        cannot be (no recovery, nothing answered within recovery_timeout, state not kept)."""
+        journal = self._journal
+        if journal is None or self._dead is not None:
+            return False
+        why = journal.unrecoverable()
+        peer = self.transport.peer
+        if why is not None:
+            log.error("remote_accel: the server at %s is gone (%s); this session cannot be rebuilt: %s", peer, cause, why)
+            return False
+        with self._lock:
+            self.transport.close()
+            if self._sender is not None:
+                self._drain_outbox()  # what the sender thread still had goes into the journal first
+            log.warning("remote_accel: the server at %s is gone (%s); recovering this session, waiting up to %g s "
+                        "for a server", peer, cause, self.recovery_timeout)
+            start = time.monotonic()
+            deadline = start + self.recovery_timeout
+            while True:
+                self._deaths += 1
+                if not self._connect_again(deadline):
+                    log.error("remote_accel: no server answered at %s within %g s: this session's tensors are lost",
+                              peer, self.recovery_timeout)
+                    return False
+                replay = recovery.Replay(self.transport, self.timeout, interrupts.pending, next(self._req_ids))
+                careful = self._deaths >= 2  # the replayed work killed the server once already
+                try:
+                    replay.run(journal, careful)
+                except recovery.ServerDied as died:
+                    self.transport.close()
+                    if died.at is None:
+                        continue
+                    self._drop_killer(died, deadline)  # raises the killer op's error
+                except BaseException:
+                    self.transport.close()  # a half-replayed server is of no use: the next call starts again
+                    raise
+                self._req_ids = itertools.count(replay.req_id + 1)
+                if careful and self._deaths >= 3:
+                    # the journal replays cleanly, one request at a time: what kills the
+                    # server is the request the user waits on
+                    raise RemoteOpError(f"the request the program waited on killed the server at {peer} each time it "
+                                        "was sent; the session is as it was before it")
+                ops = recovery.count_ops(journal.entries)
+                journal.recoveries += 1
+                journal.replayed_ops += ops
+                self._settled = None
+                log.warning("remote_accel: recovered the session on %s in %.2f s: restored %d bytes, replayed %d "
+                            "requests (%d ops)", self.transport.peer, time.monotonic() - start,
+                            journal.snapshot.nbytes, len(journal.entries), ops)
+                return True
+
+    def _drop_killer(self, died: "recovery.ServerDied", deadline: float) -> None:
+        """The careful replay found the request that kills the server: bring the session to
+        the state just before it on the next server, drop it and what followed, and raise
+        its error as CUDA reports a device-side assert."""
+        journal = self._journal
+        i, k = died.at
+        msg_type, _, _, fields = recovery.single_requests(journal.entries[i])[k]
+        op = journal.op_name(msg_type, fields)
+        while True:
+            if not self._connect_again(deadline):
+                raise self._fail(RemoteAccelError(f"{op} killed the server, and no server came back"))
+            replay = recovery.Replay(self.transport, self.timeout, interrupts.pending, next(self._req_ids))
+            try:
+                kept = replay.run_prefix(journal, died.at)
+                break
+            except recovery.ServerDied:
+                self.transport.close()
+        self._req_ids = itertools.count(replay.req_id + 1)
+        journal.entries = kept
+        journal.entry_bytes = sum(len(meta) + sum(len(p) for p in payloads) for _, meta, payloads in kept)
+        journal.synced = len(kept)
+        journal.recoveries += 1
+        self._deaths = 0
+        self._settled = None
+        said = f": {died.text}" if died.text else ""
+        raise RemoteOpError(f"{op} killed the server at {self.transport.peer}, again when it was replayed{said}. "
+                            "The session is as it was before that op; the work queued after it was dropped")
+
+    def _connect_again(self, deadline: float) -> bool:
+        """A new transport to a server that completes the handshake, in use; False: none by the deadline."""
+        while True:
+            if interrupts.pending():
+                raise KeyboardInterrupt
+            try:
+                transport, token, peer_address = self._reconnect()
+            except (TransportError, TransportTimeout, OSError) as exc:
+                log.debug("reconnecting: %s", exc)
+            else:
+                try:
+                    welcome = handshake.client_handshake(transport, token, self._client, self.timeout)
+                except AuthError:
+                    transport.close()
+                    raise
+                except RemoteAccelError as exc:  # not up yet, busy, or not speaking yet
+                    transport.close()
+                    log.debug("reconnecting: %s", exc)
+                else:
+                    if welcome.device.partition(":")[0] != self.device_type:
+                        transport.close()
+                        log.error("remote_accel: the server that came back computes on %s, not %s", welcome.device,
+                                  self.device_type)
+                        return False
+                    self.transport, self._transport_send_many = transport, transport.send_many
+                    self.token, self.welcome = token, welcome
+                    if self.peer_address is not None:
+                        self.peer_address = peer_address
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)  # in deferred() Ctrl-C only sets the flag looked at above
+
+    def _take_snapshot(self) -> None:
+        """Keep the server's state now (a sync point), so that the journal starts afresh."""
+        self._snapshotting = True
+        try:
+            state = self._call(m.State(), m.StateReply)
+
+            def read(sid: int, nbytes: int):
+                return self._exchange(MsgType.READ, m.encode_read(sid, 0, nbytes), m.Data).payloads[0]
+
+            self._journal.take_snapshot(state, read)
+        finally:
+            self._snapshotting = False
 
     def _send(self, msg, payloads, req_id: int = 0) -> None:
         self._send_many([(msg.TYPE, m.encode(msg), payloads, req_id)])
@@ -373,10 +540,12 @@ class Session:
             else:
                 self._transmit(messages)
         except TransportError as exc:
-            raise self._fail(exc) from exc
+            self._lost(exc, messages)
         self._last_send = time.monotonic()
 
     def _transmit(self, messages: list) -> None:
+        if self._journal is not None:
+            self._journal.record(messages)  # before they leave: a failed send is replayed too
         self._transport_send_many(messages)
 
     def _handshake(self, token: str, client: str) -> m.Welcome:
@@ -405,25 +574,37 @@ class Session:
                 request = (msg_type, meta, (), req_id)
                 self._send_many([batch, request] if batch is not None else [request], defer=False)
                 self.counters["round_trips"] += 1
-                reply = self._wait(req_id, sink, deadline, sigint)
-            if reply.type == MsgType.DATA and reply_cls is m.Data and len(reply.payloads) == 1:
-                decoded = reply  # its meta only repeats the payload's length: nothing to decode
-            else:
-                decoded = m.decode(reply.type, reply.meta)
-                if isinstance(decoded, m.ErrorReply):
-                    if decoded.kind == "device_lost":  # the server exits: nothing more can run there
-                        raise self._fail(handshake.remote_error(decoded))
-                    raise handshake.remote_error(decoded)  # a late error, if any, waits for the next sync
-                if not isinstance(decoded, reply_cls):
-                    raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
+                while True:
+                    reply = self._wait(request, sink, deadline, sigint)
+                    if reply.type == MsgType.DATA and reply_cls is m.Data and len(reply.payloads) == 1:
+                        decoded = reply  # its meta only repeats the payload's length: nothing to decode
+                        break
+                    decoded = m.decode(reply.type, reply.meta)
+                    if isinstance(decoded, m.ErrorReply) and decoded.kind == "device_lost":
+                        # the server exits: nothing more can run there; a restarted one may
+                        self._lost(handshake.remote_error(decoded), [request])
+                        continue
+                    break
+            journal = self._journal
+            if journal is not None:
+                journal.record_answered(msg_type, meta)
+                self._deaths = 0
+            if isinstance(decoded, m.ErrorReply):
+                raise handshake.remote_error(decoded)  # a late error, if any, waits for the next sync
+            if decoded is not reply and not isinstance(decoded, reply_cls):
+                raise self._fail(ProtocolError(f"expected {reply_cls.__name__}, got {type(decoded).__name__}"))
             if self._late_error is not None:
                 late, self._late_error = self._late_error, None
                 raise late
+            if journal is not None and not self._snapshotting and journal.snapshot_due(time.monotonic()):
+                self._take_snapshot()
             return decoded
 
-    def _wait(self, req_id: int, sink, deadline: Optional[float], sigint) -> "Message":
-        """The reply to `req_id`. Any message from the server (a heartbeat included) shows
-        it is alive; `self.timeout` of silence means it is dead or frozen."""
+    def _wait(self, request: tuple, sink, deadline: Optional[float], sigint) -> "Message":
+        """The reply to `request` (type, meta, payloads, req_id). Any message from the server
+        (a heartbeat included) shows it is alive; `self.timeout` of silence means it is
+        dead or frozen: the session then recovers (and sends the request again) or fails."""
+        req_id = request[3]
         if sink is not None:
             user_sink = sink
 
@@ -438,8 +619,10 @@ class Session:
             now = time.monotonic()
             silent = self.timeout - (now - heard)
             if silent <= 0:
-                raise self._fail(TransportTimeout(
-                    f"no message for {self.timeout:g} s (a working server sends heartbeats): it died or froze"))
+                self._lost(TransportTimeout(
+                    f"no message for {self.timeout:g} s (a working server sends heartbeats): it died or froze"), [request])
+                heard = time.monotonic()
+                continue
             wait = min(WAIT_SLICE_S, silent)
             if until is not None:
                 if until <= now:
@@ -452,7 +635,9 @@ class Session:
             except TransportTimeout:
                 continue
             except (TransportError, ProtocolError) as exc:
-                raise self._fail(exc) from exc
+                self._lost(exc, [request])
+                heard = time.monotonic()
+                continue
             heard = time.monotonic()
             if reply.type == MsgType.PONG:
                 continue
@@ -489,7 +674,9 @@ class Session:
                 self.transport.send(MsgType.PING, m.encode(m.Ping(nonce)))
                 self._last_send = time.monotonic()
             except (TransportError, PeerGone):
-                return
+                if self._journal is None or self._dead is not None:
+                    return
+                # the session recovers at its next request; heartbeats go on after that
 
     def _flush_loop(self) -> None:
         """The timer flush: send what has waited `flush_after`. It never waits for the lock:

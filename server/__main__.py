@@ -11,7 +11,6 @@ import argparse
 import ipaddress
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -32,18 +31,15 @@ from . import cpu_threads
 
 log = logging.getLogger("remote_accel.server")
 
-_SIZE = re.compile(r"(\d+)\s*([KMGTP]?)(?:i?B)?", re.IGNORECASE)
-_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 TRANSPORTS = ("tcp", "dpdk")
 MAX_PORT_ID = 1023  # RTE_MAX_ETHPORTS in Debian's DPDK 22.11 build
 
 
 def parse_size(text: str) -> int:
-    """'8G', '512MiB', '1048576' -> bytes (binary units)."""
-    match = _SIZE.fullmatch(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: expected BYTES or a number with K, M, G, T")
-    return int(match.group(1)) << _UNITS[match.group(2).upper()]
+    try:
+        return config.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_transports(text: str) -> tuple:

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..dataplane import codec
+from ..dataplane import messages as m
 from ..dataplane.codec import Ext
 from ..dataplane.messages import RunOp, RunPlanned
 from ..errors import ProtocolError
@@ -187,6 +189,28 @@ class Executor(GraphRuns):
             self.native.unpin(mark)
         self.table.resync(touched)
         return results
+
+    # -- recovery: what a client's snapshot needs, and definitions without running anything ----------
+    def define(self, kind: Any, meta: Any) -> None:
+        """Keep a plan ("plan": its defining RunOp), a graph ("graph": a RunGraph with its
+        nodes) or the random streams ("generators") that a recovering client had on a server
+        that died: its replay then refers to them as the original work did."""
+        if type(meta) is not bytes:
+            raise ProtocolError("Define.meta must be bytes")
+        if kind == "plan":
+            msg = m.decode(m.MsgType.RUN, meta)
+            if msg.plan is None:
+                raise ProtocolError("Define of a plan needs a RunOp with its plan id")
+            self._define_plan(msg)
+        elif kind == "graph":
+            msg = m.decode(m.MsgType.RUN_GRAPH, meta)
+            if not msg.nodes:
+                raise ProtocolError("Define of a graph needs a RunGraph with its nodes")
+            self._graph(msg)
+        elif kind == "generators":
+            self.generators.restore(codec.decode(meta))
+        else:
+            raise ProtocolError(f"unknown Define kind {str(kind)[:40]!r}")
 
     # -- plans: a RunOp kept to be run again with other storage ids and CPU scalars ----------------
     def _define_plan(self, msg: RunOp) -> None:

@@ -70,6 +70,26 @@ class Generators:
             raise ProtocolError("the stream of an op without a generator argument must be the default (id 0)")
         self.resolve(value)
 
+    def states(self) -> dict:
+        """Every generator of the session: {id: ((seed, epoch) last applied or None, state)},
+        what a client's recovery snapshot keeps so that a new server draws the same numbers."""
+        return {gen_id: (key, self.get_state(gen)) for gen_id, (key, gen) in self._gens.items()}
+
+    def restore(self, states: Any) -> None:
+        """Take back what states() gave (on another server): generators and their keys."""
+        if type(states) is not dict or len(states) > MAX_GENERATORS:
+            raise ProtocolError("generator states must be a dict of at most "
+                                f"{MAX_GENERATORS} entries")
+        for gen_id, entry in states.items():
+            if (type(gen_id) is not int or type(entry) is not tuple or len(entry) != 2
+                    or type(entry[1]) is not bytes or not (entry[0] is None or type(entry[0]) is tuple)):
+                raise ProtocolError("malformed generator state")
+            gen = self.default if gen_id == 0 else self._gens.get(gen_id, (None, None))[1]
+            if gen is None:
+                gen = self._device.new_generator()
+            self.set_state(gen, entry[1])
+            self._gens[gen_id] = (entry[0], gen)
+
     def get_state(self, gen: torch.Generator) -> bytes:
         return gen.get_state().numpy().tobytes()
 

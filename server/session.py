@@ -98,7 +98,7 @@ class Session(Receiving):
             MsgType.SYNC: self._on_sync, MsgType.STATS: self._on_stats, MsgType.RNG: self._on_rng,
             MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.EVENT: self._on_event, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
             MsgType.PEER_RECEIVE: self._on_peer, MsgType.PEER_SEND: self._on_peer,
-            MsgType.PEER_WRITE: self._on_peer_write,
+            MsgType.PEER_WRITE: self._on_peer_write, MsgType.STATE: self._on_state, MsgType.DEFINE: self._on_define,
         }
 
     @property
@@ -504,6 +504,21 @@ class Session(Receiving):
             self._send(self._error_reply(exc), msg.req_id)
             return
         self._send(m.RngReply(state), msg.req_id)
+
+    def _on_state(self, request, msg: Message, plan) -> None:
+        """What a client's recovery snapshot keeps (pytorch_ext/recovery.py): the storages
+        (it reads each one) and every random stream's state."""
+        if self._report_pending(msg.req_id):
+            return
+        storages = tuple(tuple(entry) for entry in self.table.native.entries())
+        self._send(m.StateReply(storages, self.executor.generators.states()), msg.req_id)
+
+    def _on_define(self, request: m.Define, msg: Message, plan) -> None:
+        """One-way: a recovering client's plan, graph or random streams; errors wait for the next sync."""
+        try:
+            self.executor.define(request.kind, request.meta)
+        except Exception as exc:
+            self._fail(exc)
 
     def _on_empty_cache(self, request, msg: Message, plan) -> None:
         self.device.empty_cache()

@@ -137,6 +137,18 @@ class ServerProcess:
         self.proc.stdout.close()
         return self.proc.returncode
 
+    def restart(self) -> "ServerProcess":
+        """Start again on the same addresses, as a supervisor (systemd's Restart=) would, after
+        it died or was killed (the old process is killed first if it still runs)."""
+        self.kill()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self.addresses and "--listen" in self.args:
+            host, port = self.tcp
+            self.args[self.args.index("--listen") + 1] = f"{host}:{port}"
+        self.addresses = []
+        return self.start()
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

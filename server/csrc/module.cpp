@@ -260,6 +260,7 @@ PYBIND11_MODULE(_native, m) {
       .def("peak", [](Executor& s) { return s.table().peak(); })
       .def("limit", [](Executor& s) { return s.table().limit(); })
       .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })
+      .def("entries", [](Executor& s) { return s.table().entries(); })
       .def("check_fits", [](Executor& s, int64_t n) {
         s.table().check_fits(n);
         s.table().room(n);

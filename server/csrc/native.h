@@ -104,6 +104,8 @@ class Table {
   // Re-counts storages an op may have resized; Failure(oom) past the limit.
   void resync(const int64_t* sids, size_t n);
   int64_t accounted(int64_t sid) const;
+  // (sid, bytes) of every entry, in sid order: what a client's recovery snapshot reads.
+  std::vector<std::pair<int64_t, int64_t>> entries() const;
 
  private:
   struct Entry {

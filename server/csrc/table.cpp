@@ -136,4 +136,14 @@ int64_t Table::accounted(int64_t sid) const {
   return it == entries_.end() ? -1 : it->second.nbytes;
 }
 
+std::vector<std::pair<int64_t, int64_t>> Table::entries() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(entries_.size());
+  for (const auto& [sid, e] : entries_) {
+    out.emplace_back(sid, e.nbytes);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace remote_accel::server

@@ -1,0 +1,365 @@
+"""Recovery: a session outlives its server, by snapshot and replay.
+
+The client knows how every storage on the server came to be: it sent every upload and
+every op. A session with recovery on keeps, in this process's memory, what a new server
+needs to rebuild its state exactly:
+
+- a *snapshot*: the bytes of every storage the session held at one sync point, and the
+  state of every random stream (so that dropout draws the same masks again);
+- the *definitions* still in use: the RunOp that defined each plan, each compiled graph's
+  nodes (replayed work refers to them by id);
+- the *journal*: every one-way request sent since the snapshot (batches, uploads, graph
+  calls), in order, payloads copied, and the requests with a reply that change state
+  (`run_with_reply`, setting a generator's state) once answered.
+
+When the server goes away (killed, crashed, exit 3 after a device-side assert, the
+connection lost), the session reconnects to the same address (a supervisor restarts the
+server) or to a pool member's replacement, sends the definitions, restores the snapshot,
+and replays the journal; the request the user waits on is then sent again. A CPU server
+computes bit for bit what it would have: same kernels, same inputs, same random states.
+
+Bounds: the snapshot, journal and definitions together stay within
+REMOTE_ACCEL_RECOVERY_MEMORY. A new snapshot is taken at a sync point when the journal
+would pass that bound, when a direct copy from another server came in (its bytes are on
+no client), or when a minute of work piled up; never so often that taking snapshots
+costs more than about 2% of the time between them. A session whose state cannot be
+kept within the bound says so in the log, and a later failure is the plain error.
+
+Replaying work that killed the server kills it again: after a second death with no
+progress between, the replay goes carefully (one request at a time, each followed by
+a sync) to find the request that kills it; the user then gets that op's error
+(RemoteOpError naming it) and the session is what it was just before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .. import config
+from ..dataplane import codec
+from ..dataplane import messages as m
+from ..dataplane.transport import Transport
+from ..dataplane.wire import MsgType
+from ..errors import ProtocolError, RemoteAccelError, TransportError, TransportTimeout
+
+log = logging.getLogger("remote_accel")
+
+#: One-way requests that change the server's state: what the journal keeps. (EVENT: only
+#: "record" is one-way; PEER_SEND is kept to know a copy left, and skipped by the replay.)
+JOURNALED = frozenset(int(t) for t in (MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED,
+                                        MsgType.BATCH, MsgType.RUN_GRAPH, MsgType.EVENT, MsgType.PEER_RECEIVE))
+#: Requests with a reply that change state: kept once answered (queries are not).
+JOURNALED_WITH_REPLY = frozenset((int(MsgType.RUN), int(MsgType.RNG)))
+#: The server keeps at most this many plans per session, dropping the oldest
+#: (server/executor.py MAX_PLANS); the definitions kept here mirror it.
+MAX_PLANS = 1 << 16
+#: and this many graphs (server/graph_runs.py MAX_GRAPHS)
+MAX_GRAPHS = 256
+#: A snapshot is due at the next sync point once this much time has passed since the last...
+SNAPSHOT_EVERY_S = 60.0
+#: ...but snapshots take at most this share of the time between them.
+SNAPSHOT_SHARE = 0.02
+#: Journal requests sent per transport call during a replay.
+REPLAY_CHUNK = 64
+
+
+def default_memory() -> int:
+    """REMOTE_ACCEL_RECOVERY_MEMORY in bytes (default: a quarter of this host's memory)."""
+    text = config.setting("REMOTE_ACCEL_RECOVERY_MEMORY")
+    if text:
+        return config.parse_size(text)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 4 << 30
+
+
+class ServerDied(Exception):
+    """The server went away during a replay (internal: the recovery loop tries again)."""
+
+    def __init__(self, cause: BaseException, at: Optional[tuple] = None, text: str = ""):
+        super().__init__(str(cause))
+        self.cause = cause
+        self.at = at  # careful replay: (entry index, item index) of the request it died on
+        self.text = text  # what the server said before it died (a device_lost error), if anything
+
+
+@dataclass
+class Snapshot:
+    storages: list = field(default_factory=list)  # (sid, nbytes, data bytes)
+    generators: bytes = b""  # Define("generators") meta: every random stream's state
+    nbytes: int = 0
+
+
+class Journal:
+    """What a new server needs to rebuild one session: snapshot, definitions, journal."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.snapshot = Snapshot()
+        self.entries: list = []  # (type, meta, payloads): requests since the snapshot
+        self.entry_bytes = 0
+        self.synced = 0  # entries[:synced] were followed by a sync: their errors were told
+        self.plans: dict[int, bytes] = {}  # plan id -> the encoded RunOp that defined it
+        self.graphs: dict[int, bytes] = {}  # graph id -> the encoded RunGraph with its nodes
+        self.definition_bytes = 0
+        self.copies_in = False  # a direct copy from another server came in since the snapshot
+        self.broken: Optional[str] = None  # why the state is not kept now (recovery off till a snapshot)
+        self.last_snapshot = time.monotonic()
+        self.snapshot_cost = 0.0
+        self.recoveries = 0
+        self.replayed_ops = 0
+
+    # -- keeping ------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self.snapshot.nbytes + self.entry_bytes + self.definition_bytes
+
+    def record(self, messages) -> None:
+        """The session's one-way requests, as they leave (Session._transmit)."""
+        if self.broken is not None:
+            return
+        entries = self.entries
+        for msg_type, meta, payloads, req_id in messages:
+            if req_id or msg_type not in JOURNALED:
+                continue
+            if payloads:
+                # a large upload's payload is the caller's buffer, which may change later
+                payloads = tuple(p if type(p) is bytes else bytes(p) for p in payloads)
+                self.entry_bytes += sum(len(p) for p in payloads)
+            if msg_type == MsgType.PEER_RECEIVE:
+                self.copies_in = True
+            entries.append((msg_type, meta, payloads))
+            self.entry_bytes += len(meta)
+        if self.nbytes > self.limit:
+            self._break(f"more than REMOTE_ACCEL_RECOVERY_MEMORY ({self.limit} bytes) was sent without a sync point")
+
+    def record_answered(self, msg_type: int, meta: bytes) -> None:
+        """A request with a reply that changed the server's state, once answered."""
+        if self.broken is None and msg_type in JOURNALED_WITH_REPLY:
+            self.entries.append((msg_type, meta, ()))
+            self.entry_bytes += len(meta)
+        self.synced = len(self.entries)
+
+    def synced_here(self) -> None:
+        """A reply came: every error of the requests before it was told to the user."""
+        self.synced = len(self.entries)
+
+    def define_plan(self, plan: int, meta: bytes) -> None:
+        old = self.plans.get(plan)
+        if old is None and len(self.plans) >= MAX_PLANS:  # as the server drops its oldest
+            self.definition_bytes -= len(self.plans.pop(next(iter(self.plans))))
+        self.plans[plan] = meta
+        self.definition_bytes += len(meta) - (len(old) if old is not None else 0)
+
+    def define_graph(self, graph_id: int, meta: bytes) -> None:
+        old = self.graphs.pop(graph_id, None)
+        if old is not None:
+            self.definition_bytes -= len(old)
+        while len(self.graphs) >= MAX_GRAPHS:
+            self.definition_bytes -= len(self.graphs.pop(next(iter(self.graphs))))
+        self.graphs[graph_id] = meta
+        self.definition_bytes += len(meta)
+
+    def _break(self, why: str) -> None:
+        if self.broken is None:
+            log.warning("remote_accel: recovery is off until the next snapshot: %s; if the server dies now, "
+                        "this session's tensors are lost", why)
+        self.broken = why
+        self.entries, self.entry_bytes, self.synced = [], 0, 0
+
+    # -- snapshots ------------------------------------------------------------------------------
+    def snapshot_due(self, now: float) -> bool:
+        if self.broken is None and not self.copies_in and (
+                now - self.last_snapshot < SNAPSHOT_EVERY_S or not self.entries):
+            return self.nbytes > self.limit // 2  # half: the next snapshot must fit beside the journal
+        return now - self.last_snapshot >= self.snapshot_cost / SNAPSHOT_SHARE
+
+    def take_snapshot(self, state: m.StateReply, read: Callable[[int, int], bytes]) -> None:
+        """Keep the server's state now: `state` lists the storages, `read(sid, nbytes)` reads one."""
+        start = time.monotonic()
+        total = sum(nbytes for _, nbytes in state.storages)
+        if total + self.definition_bytes > self.limit:
+            self._break(f"the session holds {total} bytes, more than REMOTE_ACCEL_RECOVERY_MEMORY "
+                        f"({self.limit} bytes) can keep")
+            self.last_snapshot = start
+            return
+        storages = [(sid, nbytes, read(sid, nbytes)) for sid, nbytes in state.storages]
+        self.snapshot = Snapshot(storages, codec.encode(state.generators), total)
+        self.entries, self.entry_bytes, self.synced = [], 0, 0
+        self.copies_in = False
+        if self.broken is not None:
+            log.info("remote_accel: recovery is on again (a snapshot of %d bytes fits)", total)
+        self.broken = None
+        self.last_snapshot = time.monotonic()
+        self.snapshot_cost = self.last_snapshot - start
+
+    def unrecoverable(self) -> Optional[str]:
+        if self.broken is not None:
+            return self.broken
+        if self.copies_in:
+            return "a direct copy from another server came in since the last snapshot (its bytes are on no client)"
+        return None
+
+    # -- replaying ----------------------------------------------------------------------------------
+    def restore_messages(self) -> list:
+        """Definitions, then the snapshot: (type, meta, payloads, req_id) to send first."""
+        out = [(m.Define.TYPE, m.encode(m.Define("plan", meta)), (), 0) for meta in self.plans.values()]
+        out += [(m.Define.TYPE, m.encode(m.Define("graph", meta)), (), 0) for meta in self.graphs.values()]
+        for sid, nbytes, data in self.snapshot.storages:
+            out.append((m.AllocStorage.TYPE, m.encode(m.AllocStorage(sid, nbytes)), (), 0))
+            if nbytes:
+                out.append((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, 0, nbytes)), (data,), 0))
+        if self.snapshot.generators:
+            out.append((m.Define.TYPE, m.encode(m.Define("generators", self.snapshot.generators)), (), 0))
+        return out
+
+    def op_name(self, msg_type: int, fields: tuple) -> str:
+        """The op a journal request runs, for the error of one that kills the server."""
+        try:
+            if msg_type == MsgType.RUN:
+                return str(fields[0])
+            if msg_type == MsgType.RUN_PLANNED:
+                meta = self.plans.get(fields[0])
+                return str(codec.decode(meta)[0]) if meta is not None else f"plan {fields[0]}"
+            if msg_type == MsgType.RUN_GRAPH:
+                return f"compiled graph {fields[0]}"
+        except (ProtocolError, IndexError, TypeError):
+            pass
+        return MsgType(msg_type).name
+
+
+def single_requests(entry: tuple) -> list:
+    """A journal entry as requests of one op each: a Batch's items, each with its payload."""
+    msg_type, meta, payloads = entry
+    if msg_type != MsgType.BATCH:
+        return [(msg_type, meta, payloads, codec.decode(meta))]
+    out = []
+    writes = iter(payloads)
+    for item_type, fields in codec.decode(meta)[0]:
+        item_payloads = (next(writes),) if item_type == MsgType.WRITE else ()
+        out.append((item_type, codec.encode(fields), item_payloads, fields))
+    return out
+
+
+def count_ops(entries: list) -> int:
+    n = 0
+    for msg_type, meta, _ in entries:
+        if msg_type == MsgType.BATCH:
+            n += sum(1 for item_type, _ in codec.decode(meta)[0] if item_type in (MsgType.RUN, MsgType.RUN_PLANNED))
+        elif msg_type in (MsgType.RUN, MsgType.RUN_PLANNED, MsgType.RUN_GRAPH):
+            n += 1
+    return n
+
+
+class Replay:
+    """Sends a journal to a new server and reads what it answers, on one transport.
+
+    `wait_slice` bounds each receive (Ctrl-C is looked at between them); `silence` is how
+    long the server may stay silent before it counts as dead."""
+
+    def __init__(self, transport: Transport, silence: float, interrupted: Callable[[], bool], first_req_id: int):
+        self.transport = transport
+        self.silence = silence
+        self.interrupted = interrupted
+        self.req_id = first_req_id
+
+    def send(self, messages: list) -> None:
+        try:
+            for i in range(0, len(messages), REPLAY_CHUNK):
+                self.transport.send_many(messages[i:i + REPLAY_CHUNK])
+        except TransportError as exc:
+            raise ServerDied(exc) from exc
+
+    def request(self, msg_type: int, meta: bytes, payloads=()) -> object:
+        """Send one request with a reply and wait for it; the decoded reply (errors included)."""
+        self.req_id = (self.req_id + 1) & 0xFFFFFFFF or 1
+        req_id = self.req_id
+        self.send([(msg_type, meta, payloads, req_id)])
+        heard = time.monotonic()
+        while True:
+            if self.interrupted():
+                raise KeyboardInterrupt
+            if time.monotonic() - heard > self.silence:
+                raise ServerDied(TransportTimeout(f"no message for {self.silence:g} s during the replay"))
+            try:
+                reply = self.transport.recv(timeout=0.1)
+            except TransportTimeout:
+                continue
+            except (TransportError, ProtocolError) as exc:
+                raise ServerDied(exc) from exc
+            heard = time.monotonic()
+            if reply.req_id != req_id:
+                continue  # heartbeats; the replies to requests the replay does not wait on
+            decoded = m.decode(reply.type, reply.meta) if reply.type != MsgType.DATA else None
+            if isinstance(decoded, m.ErrorReply) and decoded.kind == "device_lost":
+                raise ServerDied(RemoteAccelError(decoded.message), text=decoded.message)
+            return decoded
+
+    def sync(self) -> object:
+        return self.request(MsgType.SYNC, m.encode(m.Sync()))
+
+    def run(self, journal: Journal, careful: bool) -> Optional[tuple]:
+        """Replay everything; careful: one request at a time, each followed by a sync,
+        returning nothing but raising ServerDied with `at` set where the server died."""
+        self.send(journal.restore_messages())
+        entries = journal.entries
+        if not careful:
+            pending: list = []  # one-way requests, sent REPLAY_CHUNK to a transport call
+            for i, entry in enumerate(entries):
+                if _answered(entry):
+                    self.send(pending)
+                    pending = []
+                    self.request(*entry)
+                else:
+                    pending.append((*entry, 0))
+                if i + 1 == journal.synced:
+                    # the user was told the errors of the work so far: the server's report of
+                    # them again is taken here, not given to the user's next sync
+                    self.send(pending)
+                    pending = []
+                    self.sync()
+            self.send(pending)
+            return None
+        self.sync()
+        for i, entry in enumerate(entries):
+            for k, (msg_type, meta, payloads, _fields) in enumerate(single_requests(entry)):
+                try:
+                    self._replay_entry((msg_type, meta, payloads))
+                    self.sync()
+                except ServerDied as died:
+                    died.at = (i, k)
+                    raise
+        return None
+
+    def run_prefix(self, journal: Journal, at: tuple) -> list:
+        """Replay the journal up to request `at` (entry, item), not including it; returns
+        the journal entries that make that state (to keep as the new journal)."""
+        self.send(journal.restore_messages())
+        i, k = at
+        for entry in journal.entries[:i]:
+            self._replay_entry(entry)
+        kept = list(journal.entries[:i])
+        for msg_type, meta, payloads, _fields in single_requests(journal.entries[i])[:k]:
+            self._replay_entry((msg_type, meta, payloads))
+            kept.append((msg_type, meta, payloads))
+        self.sync()
+        return kept
+
+    def _replay_entry(self, entry: tuple) -> None:
+        if _answered(entry):
+            self.request(*entry)
+        else:
+            self.send([(*entry, 0)])
+
+
+def _answered(entry: tuple) -> bool:
+    """Whether a journal entry is a request the server answers (its reply is read and dropped)."""
+    msg_type, meta, _ = entry
+    if msg_type == MsgType.RNG:
+        return True
+    return msg_type == MsgType.RUN and bool(codec.decode(meta)[4])  # RunOp.reply
