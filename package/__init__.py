@@ -24,10 +24,10 @@ def __getattr__(name):
         from . import pytorch_ext
 
         return getattr(pytorch_ext, name)
-    if name == "ray":  # remote_accel.ray imports Ray only when a pool is made
+    if name in ("ray", "parallel"):  # remote_accel.ray imports Ray only when a pool is made
         import importlib
 
-        return importlib.import_module(".ray", __name__)
+        return importlib.import_module("." + name, __name__)
     if name == "server_stats":
         from .pytorch_ext import device_module
 

@@ -14,6 +14,7 @@ import ctypes
 import secrets
 import struct
 import sys
+import threading
 from typing import Callable, NamedTuple
 
 import torch
@@ -28,6 +29,11 @@ _C = handles._C
 PREFAULT_MIN = 4 << 20
 _HUGE = 2 << 20
 _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
+#: a direct copy's two halves leave together: each server holds its later requests until
+#: its half is done, so copies issued from two threads (autograd's device threads) in
+#: opposite directions, interleaved as "B: receive x, A: receive y, A: send x, B: send y",
+#: would each wait for the other until the copy timeout
+_PEER_PAIR = threading.Lock()
 _madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 if _madvise is not None:
     _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -163,8 +169,9 @@ def copy_direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     dst_sid = handles.announce(dst, dst_index)
     src_sid = handles.announce(src, src_index)
     # the destination first: its half waits for the bytes (and may be asked second too)
-    dest.peer_receive(ticket, dst_sid, dst.storage_offset() * dst.element_size(), nbytes)
-    source.peer_send(ticket, src_sid, src.storage_offset() * src.element_size(), nbytes, dest)
+    with _PEER_PAIR:
+        dest.peer_receive(ticket, dst_sid, dst.storage_offset() * dst.element_size(), nbytes)
+        source.peer_send(ticket, src_sid, src.storage_offset() * src.element_size(), nbytes, dest)
     return True
 
 

@@ -118,6 +118,24 @@ def test_pool_on_ray():
     _pool_rows(lines, 1)
 
 
+def test_parallel_rows_and_projection():
+    lines = run_bench("bench_parallel.py", "--servers", "1,2", "--steps", "1", "--batch", "8", "--width", "16",
+                      "--depth", "1")
+    assert lines[0].startswith("DataParallel, MLP 1 x (16 -> 64 -> 16)"), lines
+    measured = lines[2:lines.index(next(line for line in lines if line.startswith("ceiling:")))]
+    rows = {int(line.split()[0]): numbers(line) for line in measured}
+    assert sorted(rows) == [1, 2], lines
+    for n, r in rows.items():
+        # servers, samples/s, step ms, speedup, ceiling, client CPU ms, tensor B, wire B, server-server B
+        assert len(r) == 9, lines
+        # the only tensor bytes through the client: the batch going up and the loss coming down
+        assert r[6] == 2 * 8 * 16 * 4 + 4, lines
+    assert rows[1][8] == 0 and rows[2][8] > 0, lines  # with two servers, parameters and gradients go between them
+    assert len(numbers(row(lines, "direct copy 0 -> 1: latency"))) == 3, lines
+    projected = [line.split() for line in lines if re.match(r"\s+[1248]\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s", line)]
+    assert [p[0] for p in projected[-4:]] == ["1", "2", "4", "8"], lines
+
+
 def test_swap_ratio_and_swap_figures():
     lines = run_bench("bench_swap.py", "--width", "64", "--layers", "2", "--steps", "1")
     assert lines[0].startswith("model state ") and "(AdamW per parameter, 1 steps, median)" in lines[0], lines

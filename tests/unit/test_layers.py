@@ -31,8 +31,9 @@ MAY_IMPORT = {
     "pytorch_ext": {"base", "dataplane", "torch_wire"},
     "tools": {"base", "dataplane", "torch_wire", "server", "pytorch_ext"},
 }
-#: `import remote_accel` sits above every layer but tools (it hands out init() of pytorch_ext)
-ENTRY_POINTS = {"remote_accel"}
+#: `import remote_accel` sits above every layer but tools (it hands out init() of pytorch_ext),
+#: and so does `remote_accel.parallel` (it names pytorch_ext's DataParallel and pipeline)
+ENTRY_POINTS = {"remote_accel", "remote_accel.parallel"}
 #: the one import that goes up, and why: the hook (a base module, so that the server can
 #: switch it off) registers the device once torch has loaded, in a function it runs then
 UPWARD = {("remote_accel._torch_hook", "remote_accel.pytorch_ext._register")}

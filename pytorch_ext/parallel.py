@@ -1,0 +1,238 @@
+"""One script, many servers: nn.DataParallel's semantics over remote_accel:0..N-1.
+
+The module stays on devices[0]. Each forward scatters the inputs along `dim` (a chunk per
+device, copied straight from where it lies to its server), replicates the parameters and
+buffers onto the other devices, runs one replica per server and gathers the outputs on
+`output_device`. Nothing here waits: every op is queued on its server's session and the
+servers run their replicas at the same time; the first sync point is the user's.
+
+Parameters and gradients move only between servers (transfer.copy_direct over plain TCP
+sessions): each dtype's parameters are flattened into one tensor on devices[0] and sent
+down a binomial tree (devices[0] sends log2(N) copies, not N-1), and the backward
+reduces each replica's flat gradient up the mirrored tree, summing where the tensors
+are. One copy per dtype and tree edge, not one per parameter: every direct copy costs a
+connection and a handshake between two servers. Over DPDK and TLS sessions (no peer
+address) the same copies go through this client (a download and an upload).
+
+The tree copies run inside one autograd Function, in one thread: autograd runs each
+device's backward in that device's worker thread, and copies issued from two threads in
+opposite directions could interleave into a wait that only the copy timeout breaks (A
+waits for bytes from B while B waits for bytes from A); transfer.copy_direct keeps each
+copy's two halves together for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from ..errors import RemoteAccelError
+
+DEVICE_TYPE = "remote_accel"
+
+
+# -- devices -------------------------------------------------------------------------------------
+def resolve_devices(devices: Optional[Sequence[Any]]) -> list[torch.device]:
+    """`devices` as remote_accel torch.devices with indices: ints, strings and devices
+    accepted, None for every server of the session. Clear errors for another kind of
+    device, an index the session does not have, or a device named twice."""
+    count = torch.remote_accel.device_count()
+    if devices is None:
+        devices = range(count)
+    out = []
+    for d in devices:
+        dev = torch.device(DEVICE_TYPE, d) if isinstance(d, int) else torch.device(d)
+        if dev.type != DEVICE_TYPE:
+            raise ValueError(f"remote_accel.parallel: every device must be a remote_accel device (one server "
+                             f"each), got {dev} in {list(devices)}; devices of different kinds cannot share a "
+                             "replica's gradients server to server")
+        if dev.index is None:
+            dev = torch.device(DEVICE_TYPE, torch.remote_accel.current_device())
+        if not 0 <= dev.index < count:
+            raise ValueError(f"remote_accel.parallel: {dev} is not a server of this session, which has {count} "
+                             "(remote_accel.init(servers=[...]) names them)")
+        if dev in out:
+            raise ValueError(f"remote_accel.parallel: {dev} named twice in {list(devices)}")
+        out.append(dev)
+    if not out:
+        raise ValueError("remote_accel.parallel: no devices")
+    return out
+
+
+def check_alive(devices: Sequence[torch.device]) -> None:
+    """One round trip to each server, so that a server that is gone is named now, before
+    any replica's ops are queued behind copies that would wait for it."""
+    for dev in devices:
+        try:
+            torch.remote_accel.synchronize(dev.index)
+        except RemoteAccelError as exc:
+            raise type(exc)(f"remote_accel.parallel: {dev} cannot be used: {exc}") from exc
+
+
+def check_module_on(module: nn.Module, device: torch.device) -> None:
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if t.device != device:
+            raise ValueError(f"remote_accel.parallel: the module must have its parameters and buffers on "
+                             f"{device} (devices[0]), but {name} is on {t.device}; move it with "
+                             f"module.to('{device}') first")
+
+
+# -- scatter and gather --------------------------------------------------------------------------
+def scatter(obj: Any, devices: Sequence[torch.device], dim: int) -> list:
+    """`obj` split into at most len(devices) pieces: tensors chunked along `dim` (a
+    shorter last chunk for an uneven batch, fewer pieces for a batch smaller than the
+    device list), each chunk copied to its device; tuples, lists and dicts element by
+    element; anything else given to every piece as it is."""
+    if isinstance(obj, torch.Tensor):
+        return [c.to(dev) for c, dev in zip(obj.chunk(len(devices), dim), devices)]
+    if isinstance(obj, (tuple, list)) and obj:
+        parts = [scatter(o, devices, dim) for o in obj]
+        n = min(len(p) for p in parts)
+        return [type(obj)(p[i] for p in parts) if not _is_namedtuple(obj) else type(obj)(*(p[i] for p in parts))
+                for i in range(n)]
+    if isinstance(obj, dict) and obj:
+        keys = list(obj)
+        parts = [scatter(obj[k], devices, dim) for k in keys]
+        n = min(len(p) for p in parts)
+        return [type(obj)(zip(keys, (p[i] for p in parts))) for i in range(n)]
+    return [obj] * len(devices)
+
+
+def _is_namedtuple(obj) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def gather(outputs: list, device: torch.device, dim: int) -> Any:
+    """The replicas' outputs concatenated along `dim` on `device` (0-dim tensors stacked,
+    as nn.DataParallel does for a per-replica loss), structure kept."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        moved = [o.to(device) for o in outputs]
+        return torch.stack(moved) if first.dim() == 0 else torch.cat(moved, dim)
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return type(first)((k, gather([o[k] for o in outputs], device, dim)) for k in first)
+    if _is_namedtuple(first):
+        return type(first)(*(gather(list(parts), device, dim) for parts in zip(*outputs)))
+    if isinstance(first, (tuple, list)):
+        return type(first)(gather(list(parts), device, dim) for parts in zip(*outputs))
+    return first
+
+
+# -- broadcast and reduce, server to server ------------------------------------------------------
+def tree_broadcast(t: torch.Tensor, devices: Sequence[torch.device]) -> list[torch.Tensor]:
+    """Copies of `t` (on devices[0]) on every device, devices[0]'s being `t` itself: in
+    each round every device that holds a copy sends one to a device that has none."""
+    held = [t]
+    while len(held) < len(devices):
+        round_ = [src.to(devices[len(held) + i]) for i, src in enumerate(held[:len(devices) - len(held)])]
+        held.extend(round_)
+    return held
+
+
+def tree_reduce(grads: Sequence[Optional[torch.Tensor]], devices: Sequence[torch.device]) -> Optional[torch.Tensor]:
+    """The sum of `grads` (grads[i] on devices[i], None for none) on devices[0], summed
+    up the tree that tree_broadcast sends down: in each round device k adds what device
+    k + step holds, so each device receives at most log2(N) copies."""
+    acc = dict((i, g) for i, g in enumerate(grads) if g is not None)
+    step = 1
+    while step < len(devices):
+        for k in range(0, len(devices), 2 * step):
+            partner = acc.pop(k + step, None)
+            if partner is None:
+                continue
+            moved = partner.to(devices[k])
+            acc[k] = moved if k not in acc else acc[k] + moved
+        step *= 2
+    return acc.get(0)
+
+
+class _Broadcast(torch.autograd.Function):
+    """flat (on devices[0]) -> flat itself and its copies on devices[1:]; backward: their
+    gradients summed on devices[0]. devices[0]'s replica uses the first output too, so
+    that this backward runs after the last replica's, devices[0]'s included: run any
+    earlier and devices[0] would wait for the others' gradients before computing its own
+    (a server works through its requests in order, and a copy's receiving half blocks it)."""
+
+    @staticmethod
+    def forward(ctx, devices, flat):
+        ctx.devices = devices
+        ctx.set_materialize_grads(False)  # a replica that did not use a parameter gives None
+        return (flat.view_as(flat), *tree_broadcast(flat, devices)[1:])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return None, tree_reduce(grads, ctx.devices)
+
+
+def _by_dtype(named: list[tuple[str, torch.Tensor]]) -> dict[torch.dtype, list[tuple[str, torch.Tensor]]]:
+    groups: dict[torch.dtype, list] = {}
+    for name, t in named:
+        groups.setdefault(t.dtype, []).append((name, t))
+    return groups
+
+
+def _unflatten(flat: torch.Tensor, group: list[tuple[str, torch.Tensor]], out: dict) -> None:
+    for (name, t), piece in zip(group, flat.split([t.numel() for _, t in group])):
+        out[name] = piece.view(t.shape)
+
+
+def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[dict[str, torch.Tensor]]:
+    """For each device, the module's tensors there by name, for functional_call:
+    parameters through _Broadcast (differentiable) on every device; buffers as plain
+    copies on devices[1:] (their updates in a replica are dropped, as nn.DataParallel
+    drops them), while devices[0]'s replica uses the module's own buffers."""
+    replicas: list[dict[str, torch.Tensor]] = [{} for _ in devices]
+    params = [(n, p) for n, p in module.named_parameters()]
+    for group in _by_dtype(params).values():
+        flat = torch.cat([p.reshape(-1) for _, p in group])
+        for replica, copy in zip(replicas, _Broadcast.apply(devices, flat)):
+            _unflatten(copy, group, replica)
+    buffers = [(n, b) for n, b in module.named_buffers()]
+    with torch.no_grad():
+        for group in _by_dtype(buffers).values():
+            flat = torch.cat([b.reshape(-1) for _, b in group])
+            for replica, copy in zip(replicas[1:], tree_broadcast(flat, devices)[1:]):
+                _unflatten(copy, group, replica)
+    return replicas
+
+
+# -- DataParallel --------------------------------------------------------------------------------
+def _as_device(d) -> torch.device:
+    return torch.device(DEVICE_TYPE, d) if isinstance(d, int) else torch.device(d)
+
+
+class DataParallel(nn.Module):
+    """nn.DataParallel over remote_accel servers: see the module's docstring.
+
+    module: on devices[0] (its parameters and buffers). devices: remote_accel devices,
+    default every server of the session. output_device: where outputs are gathered
+    (default devices[0]; a CPU device downloads them). dim: the dimension the inputs are
+    split along and the outputs joined along.
+    """
+
+    def __init__(self, module: nn.Module, devices=None, output_device=None, dim: int = 0):
+        super().__init__()
+        self.module = module
+        self.devices = resolve_devices(devices)
+        self.output_device = self.devices[0] if output_device is None else _as_device(output_device)
+        self.dim = dim
+        check_module_on(module, self.devices[0])
+        check_alive(self.devices)
+
+    def forward(self, *inputs, **kwargs):
+        check_module_on(self.module, self.devices[0])
+        pieces = scatter((inputs, kwargs), self.devices, self.dim)
+        devices = self.devices[:len(pieces)]  # a batch smaller than the device list uses fewer
+        replicas = replicate(self.module, devices)
+        outputs = []
+        for dev, tensors, (args, kw) in zip(devices, replicas, pieces):
+            # the device guard, as nn.DataParallel's threads set theirs: a factory inside
+            # forward without a device argument lands on the replica's server
+            with torch.remote_accel.device(dev.index):
+                outputs.append(functional_call(self.module, tensors, tuple(args), dict(kw)))
+        return gather(outputs, self.output_device, self.dim)
