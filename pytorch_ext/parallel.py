@@ -19,6 +19,13 @@ device's backward in that device's worker thread, and copies issued from two thr
 opposite directions could interleave into a wait that only the copy timeout breaks (A
 waits for bytes from B while B waits for bytes from A); transfer.copy_direct keeps each
 copy's two halves together for the same reason.
+
+Not done yet: a torch.compile'd module inside (torch runs two replicas' compiled
+backwards in one contextvars.Context at once and fails; refused with a clear error);
+torch.compile around DataParallel runs its forward eagerly. Copies do not overlap the
+backward (the reduce starts once the last replica's backward is done). A server that dies
+in the middle of a step leaves the servers waiting for its copies until the copy
+timeout (server/peer.py's PEER_TIMEOUT_S) before the error reaches this client.
 """
 
 from __future__ import annotations
@@ -221,9 +228,19 @@ class DataParallel(nn.Module):
         self.devices = resolve_devices(devices)
         self.output_device = self.devices[0] if output_device is None else _as_device(output_device)
         self.dim = dim
+        if hasattr(module, "_orig_mod") and len(self.devices) > 1:  # torch.compile's OptimizedModule
+            # torch runs a compiled backward inside the one contextvars.Context that
+            # backward() stashed for its device threads: two replicas' compiled backwards,
+            # in two devices' threads at once, fail with "cannot enter context"
+            raise NotImplementedError(
+                "remote_accel.parallel.DataParallel of a torch.compile'd module over several servers: torch "
+                "cannot run two compiled backwards in autograd's device threads at once; wrap the plain module")
         check_module_on(module, self.devices[0])
         check_alive(self.devices)
 
+    # Dynamo would trace into the device's own Python (the copies between servers):
+    # torch.compile(DataParallel(m)) runs this forward eagerly instead
+    @torch.compiler.disable
     def forward(self, *inputs, **kwargs):
         check_module_on(self.module, self.devices[0])
         pieces = scatter((inputs, kwargs), self.devices, self.dim)

@@ -154,6 +154,43 @@ def test_cnn_with_batchnorm_as_nn_dataparallel(session, n):
     assert torch.allclose(dp(x.to("remote_accel:0")).cpu(), ref(x), atol=1e-5)
 
 
+def test_autocast_and_grad_scaler(session):
+    torch.manual_seed(8)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model = copy.deepcopy(ref).to("remote_accel:0")
+    dp = DataParallel(model)
+    opt = torch.optim.SGD(dp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("remote_accel", init_scale=1024.0)
+    x = torch.randn(9, 8, generator=torch.Generator().manual_seed(9))
+    with torch.autocast("remote_accel", dtype=torch.bfloat16):
+        out = dp(x.to("remote_accel:0"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_out = ref(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out.cpu(), ref_out)
+    scaler.scale(out.float().square().mean()).backward()
+    scaler.step(opt)  # unscales by a power of two: the same step as without a scaler
+    scaler.update()
+    ref_out.float().square().mean().backward()
+    ref_opt.step()
+    assert scaler.get_scale() == 1024.0  # no inf or nan found in the summed gradients
+    _assert_close_params(model, ref, atol=1e-4)
+
+
+def test_torch_compile_around_and_inside(session):
+    torch.manual_seed(10)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to("remote_accel:0")
+    x = torch.randn(6, 8).to("remote_accel:0")
+    dp = DataParallel(model)
+    expected = dp(x).cpu()
+    # compiled around: DataParallel's forward runs eagerly under Dynamo, the same result
+    assert torch.equal(torch.compile(dp)(x).cpu(), expected)
+    # compiled inside: a clear error, not torch's "cannot enter context" in backward
+    with pytest.raises(NotImplementedError, match="compiled backwards"):
+        DataParallel(torch.compile(model))
+    assert torch.equal(DataParallel(torch.compile(model), devices=[0])(x).cpu(), expected)
+
+
 def test_no_parameter_or_gradient_byte_passes_the_client(session):
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).to("remote_accel:0")
