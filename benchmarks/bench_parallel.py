@@ -121,9 +121,7 @@ def run(n: int, addresses, tokens, args) -> dict:
     import remote_accel
     from remote_accel.parallel import DataParallel
 
-    # recovery off: a session that received direct copies cannot be rebuilt anyway, and
-    # its snapshots at each sync would be measured with the step
-    remote_accel.init(transport="tcp", servers=addresses[:n], tokens=tokens[:n], timeout=120, recovery=False)
+    remote_accel.init(transport="tcp", servers=addresses[:n], tokens=tokens[:n], timeout=120)
     try:
         torch.manual_seed(0)
         model = _model(args.width, args.depth).to("remote_accel:0")

@@ -40,11 +40,8 @@ def servers():
 
 
 def _init(procs):
-    # recovery=False: a session that received a direct copy since its last snapshot cannot
-    # be rebuilt on a new server (recovery.py), and every DataParallel step receives some;
-    # these tests are about the copies, not about surviving a server
     remote_accel.init(transport="tcp", servers=["%s:%d" % p.tcp for p in procs], tokens=[p.token for p in procs],
-                      timeout=30.0, recovery=False)
+                      timeout=30.0)
 
 
 @pytest.fixture
@@ -295,6 +292,8 @@ def test_bad_device_lists_are_clear_errors(session):
 def test_a_server_that_is_gone_is_named_and_nothing_hangs(servers):
     extra = ServerProcess("--threads", "1", token="token-extra").start()
     try:
+        # recovery=False: with recovery a session waits for its server to come back
+        # (recovery_timeout); here the server is gone for good
         remote_accel.init(transport="tcp", servers=["%s:%d" % p.tcp for p in (*servers[:2], extra)],
                           tokens=[servers[0].token, servers[1].token, extra.token], timeout=30.0, recovery=False)
         model = nn.Linear(4, 2).to("remote_accel:0")
