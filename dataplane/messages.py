@@ -258,7 +258,7 @@ class State:
 @_message(MsgType.STATE_REPLY)
 class StateReply:
     storages: tuple  # (sid, nbytes) of every storage the session holds, in sid order
-    generators: dict  # gen_id -> ((seed, epoch) or None, state bytes): every random stream
+    generators: tuple  # (gen_id, (seed, epoch) or None, state bytes): every random stream
 
 
 @_message(MsgType.DEFINE)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+import weakref
 
 import torch
 import torch.fx
@@ -43,9 +44,11 @@ class GraphProgram:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         self.graph_id = next(_graph_ids)
-        self.sent_to: set = set()
+        # the sessions this graph's nodes went to: a new session (init() again) is a new
+        # server-side table of graphs, even on the same device index
+        self.sent_to: weakref.WeakSet = weakref.WeakSet()
         self.constants = _constants_as_inputs(gm)
-        self._uploaded: dict = {}  # (constant number, device index) -> its remote copy
+        self._uploaded: dict = {}  # (constant number, device index) -> (session, its remote copy)
         slot: dict = {}
         n_inputs = 0
         nodes = []
@@ -125,18 +128,19 @@ class GraphProgram:
             results = list(results)
             for position, value in zip(self._scalar_positions, self._scalar_outs(*inputs)):
                 results[position] = value
-        first = index not in self.sent_to
+        first = session not in self.sent_to
         session.run_graph(m.RunGraph(self.graph_id, self.nodes if first else (), refs, self._outputs, Raw(outs),
                                      _stream(index)))
-        self.sent_to.add(index)
+        self.sent_to.add(session)
         return results
 
     def _constant(self, k: int, t: torch.Tensor, index: int) -> torch.Tensor:
         """The tensor a graph constant travels as: small CPU ones by value, others remote."""
         if t.device.type == "cpu" and t.nbytes > tv.MAX_INLINE_BYTES:
-            remote = self._uploaded.get((k, index))
-            if remote is None:
-                remote = self._uploaded[(k, index)] = t.to(torch.device("remote_accel", index))
+            session, remote = self._uploaded.get((k, index), (None, None))
+            if remote is None or session is not runtime.session(index):
+                remote = t.to(torch.device("remote_accel", index))
+                self._uploaded[(k, index)] = (runtime.session(index), remote)
             t = remote
         return t
 

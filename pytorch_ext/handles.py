@@ -40,6 +40,10 @@ class NativeQueue:
         every use of them is queued by now, here or in Python's batch before this take."""
         return _C.queue_take(self.index, _FREE)
 
+    def memory_allocated(self) -> int:
+        """Bytes of this device's live storages, as the allocator counts them."""
+        return _C.memory_allocated(self.index)[0]
+
     def close(self) -> None:
         _C.queue_close(self.index)
 

@@ -19,11 +19,13 @@ and replays the journal; the request the user waits on is then sent again. A CPU
 computes bit for bit what it would have: same kernels, same inputs, same random states.
 
 Bounds: the snapshot, journal and definitions together stay within
-REMOTE_ACCEL_RECOVERY_MEMORY. A new snapshot is taken at a sync point when the journal
-would pass that bound, when a direct copy from another server came in (its bytes are on
-no client), or when a minute of work piled up; never so often that taking snapshots
-costs more than about 2% of the time between them. A session whose state cannot be
-kept within the bound says so in the log, and a later failure is the plain error.
+REMOTE_ACCEL_RECOVERY_MEMORY (checked at sync points). A new snapshot is taken at a sync
+point when the journal would pass that bound, or when a minute of work piled up; never
+so often that taking snapshots costs more than about 2% of the time between them. A
+session whose state cannot be kept within the bound says so in the log, and a later
+failure is the plain error. So does a session that received a direct copy from another
+server since its last snapshot (its bytes are on no client, and the source's storage may
+have changed since): it can be rebuilt again from its next snapshot on.
 
 Replaying work that killed the server kills it again: after a second death with no
 progress between, the replay goes carefully (one request at a time, each followed by
@@ -113,6 +115,8 @@ class Journal:
         self.snapshot_cost = 0.0
         self.recoveries = 0
         self.replayed_ops = 0
+        self.snapshots = 0
+        self.last_recovery_s = 0.0  # the last recovery: from reconnecting to the replay sent
 
     # -- keeping ------------------------------------------------------------------------------
     @property
@@ -173,10 +177,12 @@ class Journal:
         self.entries, self.entry_bytes, self.synced = [], 0, 0
 
     # -- snapshots ------------------------------------------------------------------------------
-    def snapshot_due(self, now: float) -> bool:
-        if self.broken is None and not self.copies_in and (
-                now - self.last_snapshot < SNAPSHOT_EVERY_S or not self.entries):
-            return self.nbytes > self.limit // 2  # half: the next snapshot must fit beside the journal
+    def snapshot_due(self, now: float, live_bytes: int) -> bool:
+        """Whether to take a snapshot at this sync point; `live_bytes`: what the session
+        holds on the server now (the next snapshot's size)."""
+        if self.broken is None and (now - self.last_snapshot < SNAPSHOT_EVERY_S or not self.entries):
+            # the next snapshot is read while the old one and the journal are still kept
+            return self.entry_bytes > self.limit - self.definition_bytes - self.snapshot.nbytes - live_bytes
         return now - self.last_snapshot >= self.snapshot_cost / SNAPSHOT_SHARE
 
     def take_snapshot(self, state: m.StateReply, read: Callable[[int, int], bytes]) -> None:
@@ -197,6 +203,7 @@ class Journal:
         self.broken = None
         self.last_snapshot = time.monotonic()
         self.snapshot_cost = self.last_snapshot - start
+        self.snapshots += 1
 
     def unrecoverable(self) -> Optional[str]:
         if self.broken is not None:

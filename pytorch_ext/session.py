@@ -255,6 +255,8 @@ class Session:
         out["recovery_bytes"] = journal.nbytes if journal is not None else 0
         out["recoveries"] = journal.recoveries if journal is not None else 0
         out["replayed_ops"] = journal.replayed_ops if journal is not None else 0
+        out["recovery_snapshots"] = journal.snapshots if journal is not None else 0
+        out["recovery_seconds"] = journal.last_recovery_s if journal is not None else 0.0
         wire = self.transport.stats()
         for key, name in (("tx_bytes", "bytes_sent"), ("rx_bytes", "bytes_received"),
                           ("tx_messages", "messages_sent"), ("rx_messages", "messages_received")):
@@ -403,6 +405,7 @@ class Session:
                     raise RemoteOpError(f"the request the program waited on killed the server at {peer} each time it "
                                         "was sent; the session is as it was before it")
                 ops = recovery.count_ops(journal.entries)
+                journal.last_recovery_s = time.monotonic() - start
                 journal.recoveries += 1
                 journal.replayed_ops += ops
                 self._settled = None
@@ -596,7 +599,8 @@ class Session:
             if self._late_error is not None:
                 late, self._late_error = self._late_error, None
                 raise late
-            if journal is not None and not self._snapshotting and journal.snapshot_due(time.monotonic()):
+            if (journal is not None and not self._snapshotting and self.native_queue is not None
+                    and journal.snapshot_due(time.monotonic(), self.native_queue.memory_allocated())):
                 self._take_snapshot()
             return decoded
 

@@ -70,25 +70,25 @@ class Generators:
             raise ProtocolError("the stream of an op without a generator argument must be the default (id 0)")
         self.resolve(value)
 
-    def states(self) -> dict:
-        """Every generator of the session: {id: ((seed, epoch) last applied or None, state)},
+    def states(self) -> tuple:
+        """Every generator of the session as (id, (seed, epoch) last applied or None, state):
         what a client's recovery snapshot keeps so that a new server draws the same numbers."""
-        return {gen_id: (key, self.get_state(gen)) for gen_id, (key, gen) in self._gens.items()}
+        return tuple((gen_id, key, self.get_state(gen)) for gen_id, (key, gen) in self._gens.items())
 
     def restore(self, states: Any) -> None:
         """Take back what states() gave (on another server): generators and their keys."""
-        if type(states) is not dict or len(states) > MAX_GENERATORS:
-            raise ProtocolError("generator states must be a dict of at most "
-                                f"{MAX_GENERATORS} entries")
-        for gen_id, entry in states.items():
-            if (type(gen_id) is not int or type(entry) is not tuple or len(entry) != 2
-                    or type(entry[1]) is not bytes or not (entry[0] is None or type(entry[0]) is tuple)):
+        if type(states) is not tuple or len(states) > MAX_GENERATORS:
+            raise ProtocolError(f"generator states must be a tuple of at most {MAX_GENERATORS} entries")
+        for entry in states:
+            if (type(entry) is not tuple or len(entry) != 3 or type(entry[0]) is not int
+                    or type(entry[2]) is not bytes or not (entry[1] is None or type(entry[1]) is tuple)):
                 raise ProtocolError("malformed generator state")
+            gen_id, key, state = entry
             gen = self.default if gen_id == 0 else self._gens.get(gen_id, (None, None))[1]
             if gen is None:
                 gen = self._device.new_generator()
-            self.set_state(gen, entry[1])
-            self._gens[gen_id] = (entry[0], gen)
+            self.set_state(gen, state)
+            self._gens[gen_id] = (key, gen)
 
     def get_state(self, gen: torch.Generator) -> bytes:
         return gen.get_state().numpy().tobytes()

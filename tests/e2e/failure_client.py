@@ -123,7 +123,8 @@ def main() -> int:
     scenario, transport, server, token, timeout = sys.argv[1:6]
     timeout = float(timeout)
     kwargs = {"server": server} if transport == "tcp" else {}
-    remote_accel.init(transport=transport, token=token, timeout=timeout, **kwargs)
+    # recovery off: these scenarios are about a server that stays dead or frozen
+    remote_accel.init(transport=transport, token=token, timeout=timeout, recovery=False, **kwargs)
     a = torch.randn(1024, 1024, device="remote_accel")
     say("ready")
     {"busy": busy, "frozen": frozen, "interrupted": interrupted, "stale": stale}[scenario](a, timeout)

@@ -117,8 +117,25 @@ def test_copy_of_64_mib_between_pool_servers_bypasses_the_client(client):
     assert torch.equal(y.cpu(), host)
 
 
-def test_killed_server_is_restarted_and_the_client_reinits(pool):
+def test_a_pool_member_killed_and_restarted_by_ray_takes_the_session_back(pool):
+    """Recovery (on by default): Ray restarts the killed server (a new process, address
+    and token, which the session asks the pool for) and the session goes on there."""
     remote_accel.init(servers=pool, timeout=30.0)
+    try:
+        old_pid = pool.info()[0]["pid"]
+        x = torch.arange(1000.0).to("remote_accel:0")
+        y = (x / 7).exp_()
+        expected = (y + 1).cpu()
+        os.kill(old_pid, signal.SIGKILL)  # Ray restarts the actor, with a new server
+        assert torch.equal((y + 1).cpu(), expected)
+        assert pool.info()[0]["pid"] != old_pid
+        assert remote_accel.stats(0)["recoveries"] == 1
+    finally:
+        remote_accel.shutdown()
+
+
+def test_killed_server_is_restarted_and_the_client_reinits(pool):
+    remote_accel.init(servers=pool, timeout=30.0, recovery=False)
     old_token, old_pid = pool.tokens()[0], pool.info()[0]["pid"]
     try:
         x = torch.ones(100).to("remote_accel:0")
@@ -131,7 +148,7 @@ def test_killed_server_is_restarted_and_the_client_reinits(pool):
                 time.sleep(0.05)
     finally:
         remote_accel.shutdown()
-    remote_accel.init(servers=pool, timeout=30.0)  # waits for the restarted server
+    remote_accel.init(servers=pool, timeout=30.0, recovery=False)  # waits for the restarted server
     try:
         assert pool.tokens()[0] != old_token  # a new server, with a token of its own
         assert pool.info()[0]["pid"] != old_pid
@@ -146,7 +163,7 @@ def test_killed_server_is_restarted_and_the_client_reinits(pool):
             (z + 1).cpu()
     finally:
         remote_accel.shutdown()
-    remote_accel.init(servers=pool, timeout=30.0)
+    remote_accel.init(servers=pool, timeout=30.0, recovery=False)
     try:
         assert pool.info()[1]["pid"] != old_pid
         assert torch.equal((torch.ones(3).to("remote_accel:1") * 2).cpu(), torch.full((3,), 2.0))

@@ -14,7 +14,7 @@ from remote_accel.server.testing import ServerProcess
 
 CLIENT = textwrap.dedent("""
     import sys, time, torch, torch.nn as nn, remote_accel
-    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2], timeout=3.0)
+    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2], timeout=3.0, recovery=False)
     model = nn.Linear(16, 4).to("remote_accel")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 16).to("remote_accel")
@@ -61,7 +61,7 @@ def test_killed_server_turns_into_error():
 
 INDEX_ERROR_CLIENT = textwrap.dedent("""
     import sys, torch, remote_accel
-    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2], timeout=10.0)
+    remote_accel.init(transport="tcp", server=sys.argv[1], token=sys.argv[2], timeout=10.0, recovery=False)
     a = torch.ones(4, device="remote_accel")
     idx = torch.tensor([0, 10]).to("remote_accel")
     for name, step in (("index", lambda: a[idx].cpu()), ("after", lambda: (a + 1).cpu().tolist())):
@@ -99,7 +99,7 @@ def test_out_of_range_index_fails_at_the_next_sync():
 def test_ops_served_from_plans_after_the_server_is_gone_raise():
     with ServerProcess() as server:
         try:
-            remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=5)
+            remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=5, recovery=False)
             x = torch.ones(8, device="remote_accel")
             for _ in range(3):  # the later two are served from the plan in C++
                 x.add_(1.0)

@@ -52,7 +52,7 @@ def test_tensors_of_a_closed_session_raise_and_never_read_garbage(shut):
 
 def test_init_after_the_server_died_needs_no_shutdown(shut):
     with ServerProcess() as first:
-        _init(first, timeout=3)
+        _init(first, timeout=3, recovery=False)
         old = torch.ones(2, device="remote_accel")
         first.kill()
         with pytest.raises(remote_accel.RemoteAccelError):

@@ -28,3 +28,18 @@ def _positive(x: torch.Tensor) -> torch.Tensor:
 _lib.impl("scale", _scale, "CPU")
 _lib.impl("scale", _scale_meta, "Meta")
 _lib.impl("positive", _positive, "CPU")
+
+
+# A kernel that ends the server process, as a CUDA device-side assert does (the server then
+# exits with status 3): the recovery tests' op that kills the server every time it runs.
+_lib.define("crash(Tensor x) -> Tensor")
+
+
+def _crash(x: torch.Tensor) -> torch.Tensor:
+    import os
+
+    os._exit(3)
+
+
+_lib.impl("crash", _crash, "CPU")
+_lib.impl("crash", torch.empty_like, "Meta")

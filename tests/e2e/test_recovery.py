@@ -1,0 +1,343 @@
+"""Recovery (issue #35): a server killed with SIGKILL and started again on its address
+costs the training script nothing. The session reconnects, restores its snapshot,
+replays its journal and the request it waited on, and the results equal those of an
+uninterrupted run bit for bit (a CPU server: the same kernels, the same random states).
+
+Each test trains the same small model (dropout included, so random streams matter) once
+without a failure and once with the server killed at some point, in this process, over
+real TCP to a real server process that the test restarts as a supervisor would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remote_accel
+from remote_accel.server.testing import ServerProcess
+
+TIMEOUT_S = 10.0
+STEPS = 10
+LIBS = str(pathlib.Path(__file__).parents[1] / "libs")  # ra_test_ops: ra_test::crash kills the server
+LIB_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [LIBS, os.environ.get("PYTHONPATH")]))}
+sys.path.insert(0, LIBS)
+import ra_test_ops  # noqa: E402,F401  (registers ra_test:: on this side too)
+
+
+class Supervisor:
+    """Restarts a server whenever it exits, as systemd's Restart=on-failure does."""
+
+    def __init__(self, server: ServerProcess):
+        self.server = server
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            if not self.server.alive():
+                self.server.restart()
+                self.restarts += 1
+
+    def __enter__(self) -> "Supervisor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess("--threads", "1") as proc:
+        yield proc
+
+
+@pytest.fixture
+def connect(server):
+    def connect(**kwargs):
+        kwargs.setdefault("timeout", TIMEOUT_S)
+        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, **kwargs)
+
+    yield connect
+    remote_accel.shutdown()
+    if not server.alive():
+        server.restart()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.25), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, 1))
+
+
+def train(on_step=None, model_fn=None, steps: int = STEPS, fresh_batches: bool = False) -> tuple[list, list]:
+    """Losses and final parameters; `on_step(step)` runs after each optimizer step,
+    before the loss is read (what a kill between steps or during a sync needs).
+    fresh_batches: upload a new batch each step, as from a data loader."""
+    torch.remote_accel.manual_seed(7)
+    model = (model_fn or _model)().to("remote_accel")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 16, generator=gen).to("remote_accel")
+    y = torch.randn(256, 1, generator=gen).to("remote_accel")
+    losses = []
+    for step in range(steps):
+        if fresh_batches:
+            x = torch.randn(256, 16, generator=gen).to("remote_accel")
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if on_step is not None:
+            on_step(step)
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and all(torch.equal(p, q) for p, q in zip(a[1], b[1]))
+
+
+def reference(connect, **kwargs) -> tuple:
+    connect()
+    try:
+        return train(**kwargs)
+    finally:
+        remote_accel.shutdown()
+
+
+def test_kill_between_steps(server, connect, caplog):
+    expected = reference(connect)
+    connect()
+
+    def kill(step):
+        if step == 4:
+            server.kill()
+            server.restart()
+
+    with caplog.at_level(logging.WARNING, logger="remote_accel"):
+        got = train(kill)
+    assert same(got, expected)
+    stats = remote_accel.stats()
+    assert stats["recoveries"] == 1 and stats["replayed_ops"] > 0 and stats["recovery_bytes"] > 0
+    said = caplog.text
+    assert "is gone" in said and "recovered the session" in said, said
+
+
+def test_kill_twice_in_a_row_and_while_waiting_in_a_sync(server, connect):
+    """The server dies while the client waits in loss.item() for long work, and again
+    right after it came back, before the client sent anything."""
+    def slow_model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 512), nn.Tanh(), *[nn.Linear(512, 512) for _ in range(6)], nn.Linear(512, 1))
+
+    expected = reference(connect, model_fn=slow_model, steps=4)
+    connect()
+
+    def kill_during_sync(step):
+        if step != 1:
+            return
+
+        def killer():
+            time.sleep(0.05)  # the client is in loss.item() by now, the server still busy
+            server.kill()
+            server.restart()
+            server.kill()  # again, before the client's recovery got far
+            server.restart()
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    got = train(kill_during_sync, model_fn=slow_model, steps=4)
+    assert same(got, expected)
+    assert remote_accel.stats()["recoveries"] >= 1
+
+
+def test_kill_during_large_uploads(server, connect):
+    connect()
+    gen = torch.Generator().manual_seed(3)
+    hosts = [torch.randn(4 << 20, generator=gen) for _ in range(6)]  # 16 MiB each
+    killer = threading.Timer(0.2, lambda: (server.kill(), server.restart()))
+    killer.start()
+    remote = [h.to("remote_accel") for h in hosts]
+    sums = [(r * 2).sum() for r in remote]
+    killer.join()
+    for h, r, s in zip(hosts, remote, sums):
+        assert torch.equal(r.cpu(), h)
+        assert s.item() == (r * 2).sum().item()  # the replayed op equals the same op run afresh
+
+
+def test_snapshots_keep_recovery_memory_bounded(server, connect, monkeypatch):
+    limit = 512 << 10
+    monkeypatch.setenv("REMOTE_ACCEL_RECOVERY_MEMORY", str(limit))
+    expected = reference(connect, steps=40, fresh_batches=True)
+    connect()
+    seen = []
+
+    def kill(step):
+        seen.append(remote_accel.stats()["recovery_bytes"])
+        if step == 35:
+            server.kill()
+            server.restart()
+
+    got = train(kill, steps=40, fresh_batches=True)
+    assert same(got, expected)
+    assert max(seen) <= limit
+    # snapshots were taken (the journal alone would pass the limit): the journal restarts
+    assert remote_accel.stats()["recovery_snapshots"] >= 1
+    assert min(seen[10:]) < max(seen)
+
+
+def test_a_compiled_model_recovers(server, connect):
+    def compiled():
+        return torch.compile(_model())
+
+    expected = reference(connect, model_fn=compiled)
+    connect()
+
+    def kill(step):
+        if step in (2, 6):
+            server.kill()
+            server.restart()
+
+    got = train(kill, model_fn=compiled)
+    assert same(got, expected)
+    assert remote_accel.stats()["recoveries"] == 2
+
+
+def test_gives_up_after_recovery_timeout(server, connect):
+    connect(recovery_timeout=1.0)
+    x = torch.ones(4, device="remote_accel")
+    assert (x + 1).sum().item() == 8.0
+    server.kill()
+    start = time.monotonic()
+    with pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+        (x + 2).cpu()
+    assert time.monotonic() - start < 1.0 + TIMEOUT_S
+    with pytest.raises(remote_accel.RemoteAccelError):
+        (x + 3).cpu()  # and stays an error, as without recovery
+
+
+def test_ctrl_c_during_the_wait_for_a_server_then_it_comes_back(server, connect):
+    connect()
+    x = torch.arange(6.0, device="remote_accel")
+    assert (x * 2).sum().item() == 30.0
+    server.kill()
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        (x * 3).cpu()  # waits for a server that does not come
+    assert time.monotonic() - start < 3.0
+    timer.join()
+    server.restart()
+    assert torch.equal((x * 3).cpu(), torch.arange(6.0) * 3)  # the next call recovers
+
+
+def test_recovery_off_keeps_the_plain_error(server, connect):
+    connect(recovery=False)
+    x = torch.ones(4, device="remote_accel")
+    assert (x + 1).sum().item() == 8.0
+    server.kill()
+    start = time.monotonic()
+    with pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+        (x + 2).cpu()
+    assert time.monotonic() - start < 2.0
+    assert remote_accel.stats()["recovery_bytes"] == 0
+
+
+def test_an_op_that_kills_the_server_again_when_replayed_is_reported():
+    """The poison pill: the op that killed the server kills it again on replay; its
+    error goes to the user, naming it, and the session is as it was before it."""
+    with ServerProcess("--threads", "1", "--op-namespaces", "ra_test=ra_test_ops", env=LIB_ENV) as server, \
+            Supervisor(server) as supervisor:
+        remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=TIMEOUT_S)
+        try:
+            x = torch.arange(4.0).to("remote_accel")
+            y = x * 2
+            assert y.sum().item() == 12.0
+            z = torch.ops.ra_test.crash(y)
+            after = z + 1  # queued after the killer: dropped with it
+            with pytest.raises(remote_accel.errors.RemoteOpError, match="ra_test::crash") as info:
+                after.cpu()
+            assert "as it was before that op" in str(info.value)
+            assert supervisor.restarts >= 3  # killed by the op, by its replay, then brought back without it
+            assert torch.equal(y.cpu(), torch.arange(4.0) * 2)  # what came before the op is kept
+            assert torch.equal((y + x).cpu(), torch.arange(4.0) * 3)  # and the session goes on
+        finally:
+            remote_accel.shutdown()
+
+
+class Pool:
+    """What init(servers=...) takes from a pool (remote_accel.ray.ServerPool): its members'
+    addresses and tokens, asked again when a member is replaced."""
+
+    def __init__(self, *members: ServerProcess):
+        self.members = list(members)
+
+    def addresses(self) -> list:
+        return ["%s:%d" % m.tcp for m in self.members]
+
+    def tokens(self) -> list:
+        return [m.token for m in self.members]
+
+
+def test_a_pool_member_replaced_by_another_server_takes_the_session_over():
+    with ServerProcess("--threads", "1") as first, ServerProcess("--threads", "1", token="other-token") as spare:
+        pool = Pool(first)
+        remote_accel.init(servers=pool, timeout=TIMEOUT_S)
+        try:
+            expected_model = train(steps=3)
+            first.kill()
+            pool.members[0] = spare  # the pool replaced its member: another address, another token
+            got = train(steps=3)
+            assert remote_accel.stats()["recoveries"] == 1
+        finally:
+            remote_accel.shutdown()
+        assert same(got, expected_model)
+
+
+def test_a_swapping_session_recovers_with_a_snapshot():
+    """More storages than the server's device memory holds (some live swapped out to host
+    memory), a snapshot taken while they are (the recovery bound forces one), then the
+    server killed: every tensor comes back."""
+    with ServerProcess("--threads", "1", "--device-memory", "8M", "--swap-space", "256M") as server:
+        os.environ["REMOTE_ACCEL_RECOVERY_MEMORY"] = str(32 << 20)
+        try:
+            remote_accel.init(transport="tcp", server="%s:%d" % server.tcp, token=server.token, timeout=TIMEOUT_S)
+        finally:
+            del os.environ["REMOTE_ACCEL_RECOVERY_MEMORY"]
+        try:
+            gen = torch.Generator().manual_seed(5)
+            hosts = [torch.randn(1 << 19, generator=gen) for _ in range(6)]  # 2 MiB each: 12 MiB on 8 MiB
+            remote = [h.to("remote_accel") for h in hosts]
+            for i in range(3):
+                for r, h in zip(remote, hosts):
+                    r.copy_(h * (i + 2))  # uploads: the journal grows past what the bound leaves it
+                remote = [r * 1.5 + 1 for r in remote]
+                assert remote[0].sum().item() != 0  # a sync point, where snapshots are taken
+            assert server_swapped(remote)
+            server.kill()
+            server.restart()
+            expected = [h * 4 * 1.5 + 1 for h in hosts]
+            for r, e in zip(remote, expected):
+                assert torch.equal(r.cpu(), e)
+            stats = remote_accel.stats()
+            assert stats["recoveries"] == 1 and stats["recovery_snapshots"] >= 1
+        finally:
+            remote_accel.shutdown()
+
+
+def server_swapped(remote) -> bool:
+    stats = remote_accel.server_stats()
+    return any(v for k, v in stats.items() if "swap" in k and "out" in k and isinstance(v, (int, float)))
