@@ -190,18 +190,19 @@ def _unflatten(flat: torch.Tensor, group: list[tuple[str, torch.Tensor]], out: d
 
 def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[dict[str, torch.Tensor]]:
     """For each device, the module's tensors there by name, for functional_call:
-    parameters through _Broadcast (differentiable) on every device; buffers as plain
-    copies on devices[1:] (their updates in a replica are dropped, as nn.DataParallel
-    drops them), while devices[0]'s replica uses the module's own buffers."""
+    parameters that train through _Broadcast (differentiable) on every device; frozen
+    parameters and buffers as plain copies on devices[1:], devices[0]'s replica using the
+    module's own (a replica's buffer updates are dropped, as nn.DataParallel drops them)."""
     replicas: list[dict[str, torch.Tensor]] = [{} for _ in devices]
-    params = [(n, p) for n, p in module.named_parameters()]
-    for group in _by_dtype(params).values():
+    trained = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    for group in _by_dtype(trained).values():
         flat = torch.cat([p.reshape(-1) for _, p in group])
         for replica, copy in zip(replicas, _Broadcast.apply(devices, flat)):
             _unflatten(copy, group, replica)
-    buffers = [(n, b) for n, b in module.named_buffers()]
+    # frozen parameters would make the flat tensor of trained ones compute their gradient
+    plain = [(n, p) for n, p in module.named_parameters() if not p.requires_grad] + list(module.named_buffers())
     with torch.no_grad():
-        for group in _by_dtype(buffers).values():
+        for group in _by_dtype(plain).values():
             flat = torch.cat([b.reshape(-1) for _, b in group])
             for replica, copy in zip(replicas[1:], tree_broadcast(flat, devices)[1:]):
                 _unflatten(copy, group, replica)

@@ -188,6 +188,19 @@ def test_torch_compile_around_and_inside(session):
     assert torch.equal(DataParallel(torch.compile(model), devices=[0])(x).cpu(), expected)
 
 
+def test_frozen_parameters_get_no_gradient(session):
+    torch.manual_seed(11)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    ref[0].weight.requires_grad_(False)
+    model = copy.deepcopy(ref).to("remote_accel:0")
+    x = torch.randn(7, 8)
+    DataParallel(model)(x.to("remote_accel:0")).square().sum().backward()
+    ref(x).square().sum().backward()
+    assert model[0].weight.grad is None
+    for name, p in list(model.named_parameters())[1:]:
+        assert torch.allclose(p.grad.cpu(), dict(ref.named_parameters())[name].grad, atol=1e-5), name
+
+
 def test_no_parameter_or_gradient_byte_passes_the_client(session):
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).to("remote_accel:0")
