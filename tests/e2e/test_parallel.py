@@ -280,6 +280,39 @@ def test_pipeline_gradients_equal_the_unsplit_module(session):
     assert _delta(before, after, "bytes_up") == [0] * N_SERVERS and _delta(before, after, "bytes_down") == [0] * 3
 
 
+def test_over_a_ray_pool_as_over_a_server_list():
+    ray = pytest.importorskip("ray", reason="remote_accel.ray needs Ray: pip install 'remote_accel[ray]'")
+    import remote_accel.ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 << 20,
+             configure_logging=False)
+    try:
+        pool = remote_accel.ray.ServerPool(num_servers=2, resources_per_server={"num_cpus": 1})
+        try:
+            remote_accel.init(servers=pool, timeout=30.0)
+            torch.manual_seed(12)
+            ref = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+            dp_model, pipe_model = copy.deepcopy(ref).to("remote_accel:0"), copy.deepcopy(ref).to("remote_accel:0")
+            x = torch.randn(6, 8)
+            xs = x.to("remote_accel:0")
+            torch.remote_accel.synchronize(0)
+            before = _counters()
+            DataParallel(dp_model)(xs).square().sum().backward()
+            pipeline(pipe_model, chunks=3)(xs).square().sum().backward()
+            after = _counters()
+            assert _delta(before, after, "bytes_up") == [0, 0] and _delta(before, after, "bytes_down") == [0, 0]
+            assert all(n > 0 for n in _delta(before, after, "peer_bytes"))
+            ref(x).square().sum().backward()
+            for model in (dp_model, pipe_model):
+                for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                    assert torch.allclose(p.grad.cpu(), q.grad, atol=1e-5), name
+        finally:
+            remote_accel.shutdown()
+            pool.shutdown()
+    finally:
+        ray.shutdown()
+
+
 def test_balanced_split_minimises_the_largest_stage():
     assert balanced_split([1, 1, 1, 1, 1, 1], 3) == [0, 2, 4]
     assert balanced_split([4, 4, 1, 1, 1, 1, 4], 3) == [0, 1, 4]  # 4 | 4 1 1 | 1 1 4: at most 6
