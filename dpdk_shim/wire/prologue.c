@@ -120,8 +120,16 @@ prologue_check(const struct shim_wire *w, const void *buf, uint64_t len, uint64_
 	out->prologue_len = (uint32_t)plen;
 	if (plen > len || plen + out->payload_total != msg_len)
 		return 0;  /* prologue beyond what we hold, or lengths that disagree */
-	for (uint32_t i = 0; i < out->n_payloads; i++)
-		total += get64(p + SHIM_WIRE_HEADER + 8 * i);
+	/* each length within the total, which the limit keeps far below 2^64 / 65536: the u64
+	 * sum of at most 65535 of them cannot wrap round to the total then (wire.py's sum,
+	 * in Python's ints, never wraps; fuzz/prologue_fuzz.c found lengths that did here) */
+	for (uint32_t i = 0; i < out->n_payloads; i++) {
+		uint64_t one = get64(p + SHIM_WIRE_HEADER + 8 * i);
+
+		if (one > out->payload_total)
+			return 0;
+		total += one;
+	}
 	if (total != out->payload_total)
 		return 0;
 	memcpy(zeroed, p, SHIM_WIRE_HEADER);

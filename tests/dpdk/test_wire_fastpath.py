@@ -3,6 +3,7 @@ gives the same bytes, and the check accepts exactly what wire.py decodes cleanly
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from remote_accel.dataplane import dpdk, wire
@@ -45,3 +46,16 @@ def test_check_respects_limits():
     assert dpdk.wire_check(pro, len(pro) + 10) is not None
     assert dpdk.wire_check(pro, len(pro) + 10, tight) is None
     assert dpdk.wire_check(pro[:40], len(pro) + 10) is None  # prologue beyond the head
+
+
+def test_check_refuses_lengths_that_wrap():
+    """Payload lengths whose u64 sum wraps round to the header's total (2**63 + 2**63 + 5
+    is 5 in 64 bits) add up only in C: wire.py refuses them, so the check must too
+    (found by fuzz/prologue_fuzz.c; the fast path once passed 2**63-byte lengths on)."""
+    head = bytearray(wire.HEADER.pack(wire.MAGIC, wire.WIRE_VERSION, 1, 0, 2, 0, 0, 5, 0))
+    table = (1 << 63).to_bytes(8, "big") + ((1 << 63) + 5).to_bytes(8, "big")
+    crc = wire.crc32c(table, wire.crc32c(bytes(head)))
+    pro = bytes(head[:24]) + crc.to_bytes(4, "big") + table
+    with pytest.raises(wire.ProtocolError, match="add up"):
+        wire.decode_prologue(pro)
+    assert dpdk.wire_check(pro, len(pro) + 5) is None
