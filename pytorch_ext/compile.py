@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+import sys
 import weakref
 
 import torch
@@ -235,14 +236,28 @@ def backend():
     return compile_graph
 
 
-def register_backend() -> None:
-    from torch._dynamo import list_backends, register_backend as register
+_backend = None
 
-    if "remote_accel" in list_backends(exclude_tags=()):
-        return
-    compile_graph = backend()
-    register(name="remote_accel")(compile_graph)
-    _route_default_backend(compile_graph)
+
+def remote_accel_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """torch.compile(backend="remote_accel"): found by name through the entry point of
+    group torch_dynamo_backends (pyproject.toml), so that registering the device does
+    not import torch._dynamo (about a second and a half of `import torch` with autoload);
+    built at the first graph."""
+    global _backend
+    if _backend is None:
+        _backend = backend()
+    return _backend(gm, example_inputs, **kwargs)
+
+
+def register_backend() -> None:
+    """The default backend's graphs over remote tensors go to remote_accel_backend; the
+    name "remote_accel" too where torch._dynamo is already loaded (its registry reads
+    the entry points only when it is asked for a name it does not know)."""
+    _route_default_backend(remote_accel_backend)
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and "remote_accel" not in dynamo.list_backends(exclude_tags=()):
+        dynamo.register_backend(name="remote_accel")(remote_accel_backend)
 
 
 def _route_default_backend(remote) -> None:

@@ -341,3 +341,22 @@ def test_a_swapping_session_recovers_with_a_snapshot():
 def server_swapped(remote) -> bool:
     stats = remote_accel.server_stats()
     return any(v for k, v in stats.items() if "swap" in k and "out" in k and isinstance(v, (int, float)))
+
+
+def test_each_device_recovers_on_its_own():
+    """Two servers, remote_accel:0 and :1; the second killed and restarted: its session
+    recovers, the first's never noticed."""
+    with ServerProcess("--threads", "1") as first, ServerProcess("--threads", "1") as second:
+        remote_accel.init(transport="tcp", servers=["%s:%d" % first.tcp, "%s:%d" % second.tcp],
+                          tokens=[first.token, second.token], timeout=TIMEOUT_S)
+        try:
+            a = torch.arange(8.0).to("remote_accel:0")
+            b = torch.arange(8.0).to("remote_accel:1") * 3
+            assert b.sum().item() == 84.0
+            second.kill()
+            second.restart()
+            assert torch.equal((b + 1).cpu(), torch.arange(8.0) * 3 + 1)
+            assert torch.equal((a * 2).cpu(), torch.arange(8.0) * 2)
+            assert remote_accel.stats(1)["recoveries"] == 1 and remote_accel.stats(0)["recoveries"] == 0
+        finally:
+            remote_accel.shutdown()
