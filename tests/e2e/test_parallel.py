@@ -20,7 +20,7 @@ from torch.func import functional_call
 import remote_accel
 import remote_accel.parallel
 from remote_accel.parallel import DataParallel, pipeline
-from remote_accel.pytorch_ext.pipeline import balanced_split
+from remote_accel.pytorch_ext.pipeline import balanced_split, layer_costs
 from remote_accel.server.testing import ServerProcess
 
 N_SERVERS = 3
@@ -317,6 +317,16 @@ def test_balanced_split_minimises_the_largest_stage():
     assert balanced_split([1, 1, 1, 1, 1, 1], 3) == [0, 2, 4]
     assert balanced_split([4, 4, 1, 1, 1, 1, 4], 3) == [0, 1, 4]  # 4 | 4 1 1 | 1 1 4: at most 6
     assert balanced_split([5, 5], 3) == [0, 1]  # fewer layers than devices: fewer stages
+
+
+def test_stages_balance_parameter_and_activation_bytes():
+    # parameters alone tie (16000 | 0 + 16000), and the split would put the ReLU with the
+    # last layer; that layer's wide output (64 x 1000 floats) outweighs the rest
+    layers = [nn.Linear(1000, 4, bias=False), nn.ReLU(), nn.Linear(4, 1000, bias=False)]
+    costs = layer_costs(layers, torch.ones(64, 1000))
+    assert costs == [16000 + 64 * 4 * 4, 64 * 4 * 4, 16000 + 64 * 1000 * 4]
+    assert balanced_split([16000, 0, 16000], 2) == [0, 1]
+    assert balanced_split(costs, 2) == [0, 2]
 
 
 def test_bad_device_lists_are_clear_errors(session):
