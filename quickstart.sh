@@ -7,13 +7,18 @@
 #                          server and end-to-end suites in .venv-models (torch 2.14.1,
 #                          torchvision, transformers, timm)
 #   ./quickstart.sh setup  set up and build .venv only
+#   ./quickstart.sh sanitize [pytest args]  the C/C++ parts built with ASan and UBSan in
+#                          .venv-asan, and the server, wire, dpdk and e2e tests on them
+#                          (docs/sanitizers.md; not in CI: its build alone takes ~15 minutes)
+#   ./quickstart.sh fuzz [libFuzzer args]  the fuzz targets, 1,000,000 executions each
+#                          (fuzz/README.md); CI runs each for a few seconds
 # Idempotent: each step is skipped when already done. Needs root (or sudo) for apt and
 # hugepages; without them it still works, with DPDK on --no-huge memory.
 set -euo pipefail
 cd "$(dirname "$0")"
 what=${1:-}
 shift || true
-case $what in demo|test|setup|models) ;; *) echo "usage: $0 demo|test|setup|models [args for the demo or pytest]" >&2; exit 2;; esac
+case $what in demo|test|setup|models|sanitize|fuzz) ;; *) echo "usage: $0 demo|test|setup|models|sanitize|fuzz [args for the demo, pytest or libFuzzer]" >&2; exit 2;; esac
 
 log() { echo "[quickstart] $*" >&2; }
 as_root() { if [[ $(id -u) == 0 ]]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
@@ -28,6 +33,11 @@ command -v tcpdump >/dev/null || need+=(tcpdump)  # the dissector tests capture 
 command -v openssl >/dev/null || need+=(openssl)  # TLS tests and the benchmark make certificates with it
 command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)  # tests/unit/test_crc.py: the shim's CRC builds for AArch64
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv python3-dev)
+# the fuzz targets (fuzz/run.sh; CI runs them briefly): clang with libFuzzer's runtime
+if [[ $what == test || $what == fuzz ]]; then
+  command -v clang >/dev/null || need+=(clang)
+  compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-$(uname -m).a" >/dev/null || need+=(libclang-rt-dev)
+fi
 if ((${#need[@]})); then
   log "installing ${need[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -53,6 +63,8 @@ fi
 # changed since (e.g. moved by another package's install) also means a rebuild.
 # prepare_venv VENV TORCH_REQUIREMENTS [MORE PACKAGES...]; sets py. Each step returns on
 # failure itself: `set -e` does not apply in a function called left of `||`.
+# build_args: extra `pip install` options for the build (the sanitizer venv's meson options)
+build_args=()
 prepare_venv() {
   local venv=$1 torch_reqs=$2
   shift 2
@@ -73,10 +85,10 @@ prepare_venv() {
   export PATH=$PWD/$venv/bin:$PATH
   local stamp=$venv/.remote_accel-built torch_now
   torch_now=$("$py" -c 'import torch; print(torch.__version__)') || return
-  if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$torch_now" ]] || [[ -n $(find . -path ./.venv\* -prune -o -path ./build -prune -o -path ./tests -prune -o -newer "$stamp" \
+  if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$torch_now" ]] || [[ -n $(find . -path ./.venv\* -prune -o -path ./build -prune -o -path ./tests -prune -o -path ./fuzz -prune -o -newer "$stamp" \
         \( -name '*.py' -o -name '*.py.in' -o -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name 'meson.build' -o -name pyproject.toml \) -print -quit) ]]; then
     log "building remote_accel in $venv for torch $torch_now"
-    "${pip[@]}" --no-build-isolation --no-deps . || return
+    "${pip[@]}" --no-build-isolation --no-deps "${build_args[@]}" . || return
     echo "$torch_now" >"$stamp"
   fi
 }
@@ -96,6 +108,14 @@ run_models() {
   REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider --durations=25 "$@"
 }
 
+if [[ $what == sanitize ]]; then
+  # its own venv and build folder (.venv-asan/build, kept for the next rebuild): the main
+  # venv and its editable build stay as they are
+  venv=${REMOTE_ACCEL_ASAN_VENV:-.venv-asan}
+  build_args=(-Csetup-args=-Db_sanitize=address,undefined -Cbuild-dir="$venv/build")
+  prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" || exit
+  REMOTE_ACCEL_ASAN_VENV=$venv exec scripts/sanitize.sh "$@"
+fi
 if [[ $what == models ]]; then
   (($#)) || set -- "${models_suites[@]}"
   run_models "$@"
@@ -108,12 +128,15 @@ prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" ray==2.60.0
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;
   demo) exec "$py" -m remote_accel.tools.demo "$@" ;;
+  fuzz) exec fuzz/run.sh "$@" ;;
   test)
     # with arguments: pytest in the main venv, as asked
     (($#)) && exec "$py" -m pytest -p no:cacheprovider "$@"
     # without: everything CI runs, both venvs, even when the first run fails
     status=0
     "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models || status=$?
+    # each fuzz target for a few seconds on its seed corpus (~1 minute with the builds)
+    fuzz/run.sh -max_total_time=5 || status=$?
     run_models "${models_suites[@]}" || status=$?
     exit $status ;;
 esac

@@ -16,6 +16,8 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <vector>
+
 namespace py = pybind11;
 
 namespace remote_accel {
@@ -280,10 +282,23 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 using namespace detail;
 
+namespace {
+
+// A registration for the process's life: its Library is never destroyed (that would take
+// the kernels away while the dispatcher may still call them). Kept where a leak check
+// sees it held, not dropped: ./quickstart.sh sanitize reported each dropped one as a leak.
+torch::Library* registered(torch::Library* library) {
+  static auto* kept = new std::vector<torch::Library*>();  // never destroyed either
+  kept->push_back(library);
+  return library;
+}
+
+} // namespace
+
 void install_scalar_read(py::function read_scalar) {
   TORCH_CHECK(g_read_scalar == nullptr, "remote_accel: the scalar read is already installed");
   g_read_scalar = new py::function(std::move(read_scalar));  // leaked, as the fallback's
-  auto* library = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+  auto* library = registered(new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__));
   library->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
 }
 
@@ -299,14 +314,14 @@ void install_op_fallback(py::function slow_path, py::function flush, int64_t all
   g_alloc_type = alloc_type;
   g_run_planned_type = run_planned_type;
   g_max_items = max_items;
-  auto* every_op = new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
+  auto* every_op = registered(new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__));
   every_op->fallback(torch::CppFunction::makeFromBoxedFunction<&op_fallback>());
   // These have a throwing default kernel, so the fallback never sees them unless named;
   // the server runs them as convolution(_backward). The norms have a generic
   // decomposition (CompositeExplicitAutograd) that would otherwise run here op by op, in
   // the input's precision: named, the server runs the fused kernel that CPU and CUDA run,
   // which accumulates float16/bfloat16 in float32.
-  auto* named = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+  auto* named = registered(new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__));
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
                            "native_group_norm", "arange", "arange.start", "arange.start_step"}) {
     named->impl(name, torch::CppFunction::makeFromBoxedFunction<&op_fallback>());

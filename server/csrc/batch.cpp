@@ -2,75 +2,19 @@
 // would), then run item by item, handing Python only the items it must run itself.
 #include "native.h"
 
+#include "batch_scan.h"
 #include "codec.h"
 
 namespace remote_accel::server {
-namespace {
 
 using wire::Malformed;
 using wire::Reader;
 
-// Checks one item's fields as messages.from_fields would; false when Python must judge
-// (and report) them.
-bool check_fields(Reader& r, int64_t type, uint32_t n) {
-  constexpr int kDepth = 4;  // Batch fields tuple -> items tuple -> item -> fields -> values
-  int64_t v;
-  switch (type) {
-    case wire::kAlloc:
-      return n == 2 && r.try_int(v) && r.try_int(v);
-    case wire::kRunPlanned:
-      if (n != 2 || !r.try_int(v) || r.peek() != wire::kTuple) return false;
-      r.skip(kDepth);
-      return true;
-    case wire::kFree:
-      if (n != 1 || r.peek() != wire::kTuple) return false;
-      r.skip(kDepth);
-      return true;
-    case wire::kRun: {
-      if (n < 4 || n > 7) return false;
-      const uint8_t expect[] = {wire::kStr, wire::kTuple, wire::kDict, wire::kTuple};
-      for (uint32_t i = 0; i < n; ++i) {
-        const uint8_t tag = r.peek();
-        if (i < 4 && tag != expect[i]) return false;
-        if (i == 4 && tag != wire::kFalse && tag != wire::kTrue) return false;
-        r.skip(kDepth);
-      }
-      return true;
-    }
-    default:
-      return false;  // WRITE (its payloads are Python's to place) and anything not allowed here
-  }
-}
-
-}  // namespace
-
 bool Executor::scan(std::string meta) {
   meta_ = std::move(meta);
-  items_.clear();
   base_ = table_.seq() + 1;
   ahead_ = 0;
-  Reader r(reinterpret_cast<const uint8_t*>(meta_.data()), meta_.size());
-  try {
-    if (r.container(wire::kTuple, "fields") != 1) return false;
-    const uint32_t n = r.container(wire::kTuple, "items");
-    items_.reserve(n);
-    for (uint32_t i = 0; i < n; ++i) {
-      Item item{};
-      item.begin = r.pos();
-      if (r.peek() != wire::kTuple || r.container(wire::kTuple, "item") != 2 || !r.try_int(item.type) ||
-          r.peek() != wire::kTuple) {
-        return false;
-      }
-      const uint32_t fields = r.container(wire::kTuple, "fields");
-      item.fields = r.pos();
-      if (!check_fields(r, item.type, fields)) return false;
-      item.end = r.pos();
-      items_.push_back(item);
-    }
-    return r.at_end();
-  } catch (const Malformed&) {
-    return false;  // Python decodes it again and says what is wrong
-  }
+  return scan_batch(meta_, items_);
 }
 
 Executor::Stop Executor::resume(size_t first) {

@@ -3,6 +3,7 @@
 // server/storage.py, server/session.py) drives it and keeps the rare paths.
 #pragma once
 
+#include "batch_scan.h"
 #include "host_blocks.h"
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -257,11 +258,7 @@ class Executor {
   std::unordered_set<int64_t> failed_;
 
   // the batch being run
-  struct Item {
-    int64_t type;
-    size_t begin, end;  // the item's bytes (its (type, fields) tuple)
-    size_t fields;  // where its fields' values start, after the fields tuple's header
-  };
+  using Item = BatchItem;  // batch_scan.h: where each item's bytes are
   std::string meta_;
   std::vector<Item> items_;
   uint64_t base_ = 0;  // the op sequence number of item 0

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The C and C++ parts under AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer:
+# runs pytest on the sanitizer build in .venv-asan (./quickstart.sh sanitize builds it and
+# calls this; docs/sanitizers.md says what runs and why) and fails on any report.
+#
+#   scripts/sanitize.sh [pytest args]   default: the representative subset below
+#
+# CPython and torch are not built with ASan, so its runtime comes first through LD_PRELOAD.
+# Reports go to files (log_path), one per process, because a server subprocess's report
+# would otherwise be lost in its log: any report of any process fails the run, and each
+# one is printed. Leaks of third-party code are suppressed by scripts/lsan.supp, which
+# says why for each; nothing of ours is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${REMOTE_ACCEL_ASAN_VENV:-.venv-asan}
+py=$venv/bin/python
+
+# server, wire, dpdk and end-to-end suites: what parses a peer's bytes (the C++ receive
+# loop, the C codec, the prologue, frames, the channel) and what runs ops in C++
+default_tests=(
+  tests/unit/test_codec.py tests/unit/test_wire.py tests/wire
+  tests/dpdk/test_wire_fastpath.py tests/dpdk/test_frame_crc.py tests/dpdk/test_shim.py
+  tests/server/test_fast_loop.py tests/server/test_native_executor.py tests/server/test_fuzz.py
+  tests/server/test_host_blocks.py tests/server/test_swap.py tests/server/test_auth.py
+  tests/server/test_read_fast_path.py tests/server/test_read_fast_path_dpdk.py
+  tests/e2e/test_training.py tests/e2e/test_sync_points.py tests/e2e/test_direct_copy.py
+)
+# it crashes a process on purpose, and ASan's SEGV handler reports that crash as one
+skip=(--deselect "tests/dpdk/test_shim.py::test_memif_guard_does_not_hide_other_crashes")
+(($#)) || set -- "${default_tests[@]}" "${skip[@]}"
+
+logs=$(mktemp -d /tmp/ra-sanitize.XXXXXX)
+asan_lib=$(gcc -print-file-name=libasan.so)
+ubsan_lib=$(gcc -print-file-name=libubsan.so)
+# detect_leaks: at each process's exit. malloc_context_size=2: an allocation's stack is the
+# allocator and its caller (scripts/lsan.supp says why); rerun a leak with a larger value
+# for its whole stack. print_suppressions=0: a clean run writes nothing.
+# halt_on_error (UBSan): a report ends the process, so the test that caused it fails too.
+export ASAN_OPTIONS="detect_leaks=1:malloc_context_size=2:log_path=$logs/asan:print_suppressions=0:${ASAN_OPTIONS:-}"
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan"
+status=0
+LD_PRELOAD="$asan_lib $ubsan_lib" "$py" -m pytest -p no:cacheprovider -q "$@" || status=$?
+
+reports=$(ls "$logs")
+if [[ -n $reports ]]; then
+  for f in "$logs"/*; do echo "=== $f"; cat "$f"; done >&2
+  echo "[sanitize] $(wc -w <<<"$reports") sanitizer report(s), above (kept in $logs)" >&2
+  exit 1
+fi
+rm -rf "$logs"
+((status == 0)) && echo "[sanitize] no sanitizer report" >&2
+exit $status
