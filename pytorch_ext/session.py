@@ -700,6 +700,7 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
+        self._journal = None  # a session that ends does not wait for its server to come back
         if self._dead is None:
             try:
                 with self._lock:
