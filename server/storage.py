@@ -137,8 +137,11 @@ class StorageTable:
 
     # -- accounting --------------------------------------------------------------------------
     def check_fits(self, nbytes: int) -> None:
-        """Refuse, before touching the device, what would take the session over its limit."""
-        used = self.native.used()
+        """Refuse, before touching the device, what would take the session over its limit.
+        What its host blocks hold beyond its storages counts too (host_blocks.cpp): its
+        cached free blocks make room first, its live blocks' rounding up cannot."""
+        self.native.fit_host(self.limit - self.native.used() - nbytes)
+        used = self.native.used() + self.native.host_extra()
         if nbytes > self.limit - used:
             raise oom(f"allocating {nbytes} bytes would exceed this session's memory limit "
                       f"({used} of {self.limit} bytes in use)")

@@ -67,6 +67,9 @@ class Table {
 
   c10::Device device() const { return device_; }
   int64_t limit() const { return limit_; }
+  // host_blocks.h: what this session's host blocks hold beyond its storages' bytes
+  int64_t host_extra() const { return host_owner_extra(owner_); }
+  void fit_host(int64_t room) const { host_owner_fit(owner_, room); }
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
   int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
   size_t size() const { return size_.load(std::memory_order_relaxed); }

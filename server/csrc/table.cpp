@@ -12,9 +12,13 @@ void fail(const char* kind, std::string message) {
 }
 
 void Table::check_fits(int64_t nbytes) const {
-  if (nbytes > limit_ - used()) {
+  // what the session's host blocks hold beyond its storages counts too: its cached free
+  // blocks make room first (host_blocks.cpp), its live blocks' rounding cannot
+  host_owner_fit(owner_, limit_ - used() - nbytes);
+  const int64_t held = used() + host_owner_extra(owner_);
+  if (nbytes > limit_ - held) {
     fail("oom", "allocating " + std::to_string(nbytes) + " bytes would exceed this session's memory limit (" +
-                    std::to_string(used()) + " of " + std::to_string(limit_) + " bytes in use)");
+                    std::to_string(held) + " of " + std::to_string(limit_) + " bytes in use)");
   }
 }
 
@@ -51,7 +55,7 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
   check_fits(nbytes);
   room(nbytes);
   // uploads land in new storages: on CPU, memory that takes no page faults
-  auto cached = device_.is_cpu() ? host_storage(nbytes, owner_) : std::nullopt;
+  auto cached = device_.is_cpu() ? host_storage(nbytes, owner_, limit_ - used() - nbytes) : std::nullopt;
   auto storage = cached ? std::move(*cached)
                         : at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
   Pool::Guard g(pool_.get());
