@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -253,6 +254,30 @@ def test_outputs_of_every_shape_gathered_where_asked(session):
     # a batch smaller than the device list runs on fewer servers
     small = dp(x[:2], extra=extra[:2])
     assert torch.allclose(small["y"], ref.a(x[:2]), atol=1e-6)
+
+
+def test_copies_from_two_threads_in_opposite_directions_all_arrive(session):
+    """Autograd's device threads issue copies at once, 0 -> 1 in one and 1 -> 0 in the
+    other; without transfer.copy_direct keeping each copy's two halves together, two of
+    them could each wait for the other on the servers (this ran into the copy timeout)."""
+    base = torch.arange(1000.0)
+    sources = {0: base.to("remote_accel:0"), 1: (-base).to("remote_accel:1")}
+    copies: dict = {0: [], 1: []}
+
+    def copy_many(src: int) -> None:
+        for _ in range(40):
+            copies[src].append(sources[src].to(f"remote_accel:{1 - src}"))
+
+    threads = [threading.Thread(target=copy_many, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)  # a bound for a hang, far above the copies' time
+    assert not any(t.is_alive() for t in threads), "the copies' threads hang"
+    for i in (0, 1):
+        torch.remote_accel.synchronize(i, timeout=120)
+    assert all(torch.equal(c.cpu(), base) for c in copies[0])
+    assert all(torch.equal(c.cpu(), -base) for c in copies[1])
 
 
 def test_pipeline_gradients_equal_the_unsplit_module(session):
