@@ -38,16 +38,22 @@ def _output_bytes(out) -> int:
 
 def layer_costs(layers: Sequence[nn.Module], example: torch.Tensor) -> list[int]:
     """Each layer's parameter bytes plus its output's bytes for `example`, run on the
-    meta device (shapes only: no bytes, no server)."""
-    costs = []
+    meta device (shapes only: no bytes, no server). A model that the meta device cannot
+    run (a value read with .item(), an op without a meta kernel) is weighed by its
+    parameters alone."""
+    params = [sum(t.numel() * t.element_size() for t in layer.parameters()) for layer in layers]
     x = example.to("meta") if isinstance(example, torch.Tensor) else example
-    for layer in layers:
-        tensors = {n: torch.empty_like(t, device="meta") for n, t in
-                   list(layer.named_parameters()) + list(layer.named_buffers())}
-        with torch.no_grad():
-            x = functional_call(layer, tensors, (x,))
-        costs.append(sum(t.numel() * t.element_size() for t in layer.parameters()) + _output_bytes(x))
-    return costs
+    outputs = []
+    try:
+        for layer in layers:
+            tensors = {n: torch.empty_like(t, device="meta") for n, t in
+                       list(layer.named_parameters()) + list(layer.named_buffers())}
+            with torch.no_grad():
+                x = functional_call(layer, tensors, (x,))
+            outputs.append(_output_bytes(x))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return params
+    return [p + o for p, o in zip(params, outputs)]
 
 
 def balanced_split(costs: Sequence[int], parts: int) -> list[int]:

@@ -353,6 +353,12 @@ def test_stages_balance_parameter_and_activation_bytes():
     assert balanced_split([16000, 0, 16000], 2) == [0, 1]
     assert balanced_split(costs, 2) == [0, 2]
 
+    class Branchy(nn.Module):  # reads a value: the meta device cannot run it
+        def forward(self, x):
+            return x if x.sum().item() > 0 else -x
+
+    assert layer_costs(layers + [Branchy()], torch.ones(64, 1000)) == [16000, 0, 16000, 0]  # parameters alone
+
 
 def test_bad_device_lists_are_clear_errors(session):
     model = nn.Linear(4, 2).to("remote_accel:0")
