@@ -238,8 +238,8 @@ def main(argv=None) -> int:
 
     param_bytes = sum(p.numel() * p.element_size() for p in _model(args.width, args.depth).parameters())
     copies = next((r["copies"] for r in rows if "copies" in r), None)
-    latency = copies["latency_s"] if copies else 0.0
-    projection = project(rows, args, param_bytes, latency)
+    # the model needs the client's cost at two server counts and a measured copy
+    projection = project(rows, args, param_bytes, copies["latency_s"]) if copies and len(rows) > 1 else None
     if args.json:
         print(json.dumps({"rows": rows, "param_bytes": param_bytes, "projection": projection}))
         return 0
@@ -259,8 +259,12 @@ def main(argv=None) -> int:
     if copies:
         print(f"direct copy 0 -> 1: latency {copies['latency_s'] * 1e3:.2f} ms; parameters "
               f"{copies['param_copy_s'] * 1e3:.1f} ms ({copies['local_copy_GBps']:.2f} GB/s on this host)")
+    if projection is None:
+        print("projection: needs two server counts, one of them 2 or more (--servers 1,2)")
+        return 0
     print(f"projection (a model, see the docstring): GPU servers at {args.gpu_tflops:g} TFLOP/s, "
-          f"{args.link_gbps:g} Gbit/s between servers, copy latency {latency * 1e3:.2f} ms, client CPU fitted")
+          f"{args.link_gbps:g} Gbit/s between servers, copy latency {copies['latency_s'] * 1e3:.2f} ms, "
+          "client CPU fitted")
     print(f"{'servers':>7} {'samples/s':>10} {'step ms':>8} {'speedup':>7} {'compute ms':>10} {'comm ms':>8} "
           f"{'client CPU ms':>13}  bound")
     for r in projection:
