@@ -39,7 +39,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .. import config
 from ..dataplane import codec
@@ -80,6 +80,21 @@ def default_memory() -> int:
         return 4 << 30
 
 
+class Borrowed(NamedTuple):
+    """A large upload's bytes, kept by reference instead of copied: the caller's CPU tensor
+    (`source`) and its version counter when it was sent. Copying every upload would cost
+    as much as sending it; torch bumps a tensor's version at every in-place change, so a
+    changed source is seen (and a snapshot taken at the next sync point, before which a
+    replay would refuse it)."""
+
+    view: memoryview
+    source: Any
+    version: int
+
+    def unchanged(self) -> bool:
+        return self.source._version == self.version
+
+
 class ServerDied(Exception):
     """The server went away during a replay (internal: the recovery loop tries again)."""
 
@@ -116,12 +131,19 @@ class Journal:
         self.recoveries = 0
         self.replayed_ops = 0
         self.snapshots = 0
+        self._lent: dict[int, tuple] = {}  # id(view) -> (source tensor, its version): see lend()
+        self._borrowed: list[Borrowed] = []  # the journal's borrowed payloads
         self.last_recovery_s = 0.0  # the last recovery: from reconnecting to the replay sent
 
     # -- keeping ------------------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
         return self.snapshot.nbytes + self.entry_bytes + self.definition_bytes
+
+    def lend(self, view: memoryview, source) -> None:
+        """`view`, about to be sent, holds the bytes of CPU tensor `source`: keep it by
+        reference (Borrowed) rather than copy it."""
+        self._lent[id(view)] = (source, source._version)
 
     def record(self, messages) -> None:
         """The session's one-way requests, as they leave (Session._transmit)."""
@@ -132,15 +154,28 @@ class Journal:
             if req_id or msg_type not in JOURNALED:
                 continue
             if payloads:
-                # a large upload's payload is the caller's buffer, which may change later
-                payloads = tuple(p if type(p) is bytes else bytes(p) for p in payloads)
-                self.entry_bytes += sum(len(p) for p in payloads)
+                payloads = tuple(self._keep(p) for p in payloads)
+                self.entry_bytes += sum(len(p) if type(p) is bytes else p.view.nbytes for p in payloads)
             if msg_type == MsgType.PEER_RECEIVE:
                 self.copies_in = True
             entries.append((msg_type, meta, payloads))
             self.entry_bytes += len(meta)
         if self.nbytes > self.limit:
             self._break(f"more than REMOTE_ACCEL_RECOVERY_MEMORY ({self.limit} bytes) was sent without a sync point")
+
+    def _keep(self, payload):
+        if type(payload) is bytes:
+            return payload
+        lent = self._lent.pop(id(payload), None)
+        if lent is None:
+            return bytes(payload)  # the caller's buffer, which may change later: a copy
+        kept = Borrowed(payload, *lent)
+        self._borrowed.append(kept)
+        return kept
+
+    def changed_uploads(self) -> bool:
+        """Whether a tensor whose upload the journal borrowed changed in place since."""
+        return any(not b.unchanged() for b in self._borrowed)
 
     def record_answered(self, msg_type: int, meta: bytes) -> None:
         """A request with a reply that changed the server's state, once answered."""
@@ -174,12 +209,18 @@ class Journal:
             log.warning("remote_accel: recovery is off until the next snapshot: %s; if the server dies now, "
                         "this session's tensors are lost", why)
         self.broken = why
+        self._forget_entries()
+
+    def _forget_entries(self) -> None:
         self.entries, self.entry_bytes, self.synced = [], 0, 0
+        self._borrowed, self._lent = [], {}
 
     # -- snapshots ------------------------------------------------------------------------------
     def snapshot_due(self, now: float, live_bytes: int) -> bool:
         """Whether to take a snapshot at this sync point; `live_bytes`: what the session
         holds on the server now (the next snapshot's size)."""
+        if self._borrowed and self.changed_uploads():
+            return True  # the journal no longer holds what was uploaded: keep the server's state now
         if self.broken is None and (now - self.last_snapshot < SNAPSHOT_EVERY_S or not self.entries):
             # the next snapshot is read while the old one and the journal are still kept
             return self.entry_bytes > self.limit - self.definition_bytes - self.snapshot.nbytes - live_bytes
@@ -196,7 +237,7 @@ class Journal:
             return
         storages = [(sid, nbytes, read(sid, nbytes)) for sid, nbytes in state.storages]
         self.snapshot = Snapshot(storages, codec.encode(state.generators), total)
-        self.entries, self.entry_bytes, self.synced = [], 0, 0
+        self._forget_entries()
         self.copies_in = False
         if self.broken is not None:
             log.info("remote_accel: recovery is on again (a snapshot of %d bytes fits)", total)
@@ -210,6 +251,8 @@ class Journal:
             return self.broken
         if self.copies_in:
             return "a direct copy from another server came in since the last snapshot (its bytes are on no client)"
+        if self.changed_uploads():
+            return "a CPU tensor was changed in place after its upload, before a snapshot kept the server's copy"
         return None
 
     # -- replaying ----------------------------------------------------------------------------------
@@ -276,6 +319,9 @@ class Replay:
         self.req_id = first_req_id
 
     def send(self, messages: list) -> None:
+        messages = [(t, meta, [p.view if type(p) is Borrowed else p for p in payloads], req_id)
+                    if any(type(p) is Borrowed for p in payloads) else (t, meta, payloads, req_id)
+                    for t, meta, payloads, req_id in messages]
         try:
             for i in range(0, len(messages), REPLAY_CHUNK):
                 self.transport.send_many(messages[i:i + REPLAY_CHUNK])

@@ -140,16 +140,20 @@ class Session:
         if plan is not None and self._journal is not None:
             self._journal.define_plan(plan, m.encode(msg))
 
-    def write(self, sid: int, offset: int, data, background: bool = False) -> None:
+    def write(self, sid: int, offset: int, data, background: bool = False, source=None) -> None:
         """Upload `data` (any buffer) into storage `sid` at byte `offset`.
 
         Small uploads are copied into the batch (the caller may reuse its buffer at once);
         large ones are sent before this returns, without a copy; or, with `background`,
         by the sender thread after the batch queued before them (the buffer is kept alive
         until then, and must not change meanwhile: pinned non_blocking copies).
+        `source`: the CPU tensor whose bytes `data` are, which recovery's journal may keep
+        by reference instead of copying them (recovery.Borrowed).
         """
         view = memoryview(data).cast("B")
         self.counters["bytes_up"] += view.nbytes
+        if source is not None and view.nbytes >= LARGE_WRITE and self._journal is not None:
+            self._journal.lend(view, source)
         if view.nbytes >= LARGE_WRITE and background and self._sender is not None:
             self._post_after_batch((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0))
             return

@@ -102,7 +102,11 @@ def upload(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> 
         sid = handles.announce(dst, index)
         if data.numel():
             background = non_blocking and data.data_ptr() == src.data_ptr() and _C.is_pinned_ptr(src.data_ptr())
-            session.write(sid, dst.storage_offset() * dst.element_size(), _byte_view(data), background=background)
+            # the tensor whose in-place changes would change these bytes: the caller's (views
+            # made here, below autograd, get version counters of their own)
+            source = src if data.data_ptr() == src.data_ptr() else data
+            session.write(sid, dst.storage_offset() * dst.element_size(), _byte_view(data), background=background,
+                          source=source)
         return
     # a strided or lazily-conjugated destination: upload dense, then copy on the server
     staging = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)

@@ -360,3 +360,17 @@ def test_each_device_recovers_on_its_own():
             assert remote_accel.stats(1)["recoveries"] == 1 and remote_accel.stats(0)["recoveries"] == 0
         finally:
             remote_accel.shutdown()
+
+
+def test_an_upload_changed_in_place_afterwards_is_kept_by_a_snapshot(server, connect):
+    """Large uploads are kept by reference, not copied: a source tensor changed in place
+    after its upload makes the next sync point take a snapshot of the server's copy."""
+    connect()
+    host = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB
+    remote = host.to("remote_accel")
+    host.add_(1)  # the script reuses its buffer
+    assert remote[1].item() == 1.0
+    assert remote_accel.stats()["recovery_snapshots"] == 1
+    server.kill()
+    server.restart()
+    assert torch.equal(remote.cpu(), torch.arange(1 << 18, dtype=torch.float32))

@@ -88,3 +88,20 @@ def test_a_batch_replays_carefully_as_one_request_per_item_with_its_payload():
     journal.define_plan(9, m.encode(m.RunOp("aten::relu", (), {}, (), False, None, 9)))
     assert journal.op_name(singles[2][0], singles[2][3]) == "aten::relu"
     assert recovery.count_ops([entry[:3]]) == 1
+
+
+def test_large_uploads_are_borrowed_until_their_tensor_changes():
+    import torch
+
+    journal = recovery.Journal(1 << 30)
+    source = torch.zeros(1 << 16)
+    view = memoryview(source.numpy()).cast("B")
+    journal.lend(view, source)
+    journal.record([(int(MsgType.WRITE), m.encode(m.WriteStorage(1, 0, view.nbytes)), [view], 0)])
+    kept = journal.entries[0][2][0]
+    assert type(kept) is recovery.Borrowed and kept.view is view  # no copy
+    assert journal.entry_bytes > view.nbytes and not journal.changed_uploads()
+    assert journal.unrecoverable() is None
+    source.add_(1)
+    assert journal.changed_uploads() and "changed in place" in journal.unrecoverable()
+    assert journal.snapshot_due(journal.last_snapshot, live_bytes=0)
