@@ -216,7 +216,8 @@ def main(argv=None) -> int:
 
         import remote_accel.ray
 
-        ray.init(num_cpus=most * args.server_threads, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(num_cpus=most * args.server_threads, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
         # the pool gives each server as many threads as CPUs it reserves for it
         pool = remote_accel.ray.ServerPool(num_servers=most, resources_per_server={"num_cpus": args.server_threads})
         try:
