@@ -30,6 +30,7 @@ timeout (server/peer.py's PEER_TIMEOUT_S) before the error reaches this client.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Sequence
 
 import torch
@@ -239,10 +240,15 @@ class DataParallel(nn.Module):
         check_module_on(module, self.devices[0])
         check_alive(self.devices)
 
-    # Dynamo would trace into the device's own Python (the copies between servers):
-    # torch.compile(DataParallel(m)) runs this forward eagerly instead
-    @torch.compiler.disable
     def forward(self, *inputs, **kwargs):
+        # Dynamo would trace into the device's own Python (the copies between servers):
+        # torch.compile(DataParallel(m)) runs the forward eagerly instead. Only where
+        # Dynamo is loaded already (nothing compiles otherwise): importing it takes a second.
+        if "torch._dynamo" in sys.modules:
+            return torch.compiler.disable(self._forward)(*inputs, **kwargs)
+        return self._forward(*inputs, **kwargs)
+
+    def _forward(self, *inputs, **kwargs):
         check_module_on(self.module, self.devices[0])
         pieces = scatter((inputs, kwargs), self.devices, self.dim)
         devices = self.devices[:len(pieces)]  # a batch smaller than the device list uses fewer
