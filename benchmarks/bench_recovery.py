@@ -99,10 +99,12 @@ def recover(server: ServerProcess, args) -> None:
     print("recovery: killed with SIGKILL after the steps, restarted on its address; seconds from listening again")
     print(f"{'model':>14} {'steps':>5} {'step s':>7} {'kept MB':>8} {'ops':>7} "
           f"{'recovery s':>10} {'then s':>7} {'work s':>7}")
-    for name, make, steps in (("tiny", _tiny, args.steps), (f"mlp {args.big_mb} MB", lambda: _big(args.big_mb),
+    for name, make, steps in (("tiny", _tiny, args.steps), ("mlp", lambda: _big(args.big_mb),
                                                              max(2, args.steps // 20))):
         _connect(server, args.transport, True)
         model, batch = make()
+        if name == "mlp":
+            name = f"mlp {sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6:.0f} MB"
         step = _step_fn(model, batch)
         start = time.perf_counter()
         for _ in range(steps):

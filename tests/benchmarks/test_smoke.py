@@ -136,6 +136,17 @@ def test_parallel_rows_and_projection():
     assert [p[0] for p in projected[-4:]] == ["1", "2", "4", "8"], lines
 
 
+def test_recovery_overhead_and_recovery_rows():
+    lines = run_bench("bench_recovery.py", "--steps", "3", "--rounds", "1", "--big-mb", "8", "--server-threads", "1")
+    # round 0: on ms, off ms, their ratio
+    assert len(numbers(row(lines, "0 "))) == 3, lines
+    assert len(numbers(row(lines, "median on/off:"))) == 1, lines
+    for model, columns in (("tiny", 7), ("mlp", 8)):
+        # [the MLP's parameter MB,] steps, step s, kept MB, ops replayed, recovery s, then s, work s
+        values = numbers(row(lines, model))[-7:]
+        assert len(numbers(row(lines, model))) == columns and values[0] >= 1 and values[3] > 0, lines
+
+
 def test_swap_ratio_and_swap_figures():
     lines = run_bench("bench_swap.py", "--width", "64", "--layers", "2", "--steps", "1")
     assert lines[0].startswith("model state ") and "(AdamW per parameter, 1 steps, median)" in lines[0], lines
