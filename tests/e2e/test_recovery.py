@@ -374,3 +374,22 @@ def test_an_upload_changed_in_place_afterwards_is_kept_by_a_snapshot(server, con
     server.kill()
     server.restart()
     assert torch.equal(remote.cpu(), torch.arange(1 << 18, dtype=torch.float32))
+
+
+def test_sparse_tensors_and_views_recover(server, connect):
+    """Sparse results come from ops with a reply (their sizes depend on the data), which
+    the journal keeps once answered; views are the client's, over recovered storages."""
+    connect()
+    dense = torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 4.0]])
+    remote = dense.to("remote_accel")
+    sparse = remote.to_sparse()
+    doubled = (sparse * 2).coalesce()
+    row = remote[1]  # a view
+    column = remote.t()[2]
+    assert doubled.values().sum().item() == 18.0
+    server.kill()
+    server.restart()
+    assert torch.equal(doubled.to_dense().cpu(), dense * 2)
+    assert torch.equal(row.cpu(), dense[1]) and torch.equal(column.cpu(), dense.t()[2])
+    row.mul_(10)  # writes through the view into the recovered storage
+    assert torch.equal(remote.cpu(), torch.tensor([[0.0, 2.0, 0.0], [30.0, 0.0, 40.0]]))
