@@ -272,6 +272,21 @@ class Define:
     meta: bytes
 
 
+@_message(MsgType.PROFILE)
+class Profile:
+    """torch.profiler on the client: "start" the server's window, or "stop" it; both
+    answered by a ProfileReply (events only for "stop")."""
+
+    action: str
+
+
+@_message(MsgType.PROFILE_REPLY)
+class ProfileReply:
+    received: int  # the server's Unix ns when it took the request, and when it answered:
+    answered: int  # with the client's send and receive times, its clock's offset (as NTP)
+    events: tuple  # (name, start ns, end ns, "op" | "kernel") in the server's Unix time
+
+
 # -- benchmarking -------------------------------------------------------------------------
 @_message(MsgType.ECHO)
 class Echo:

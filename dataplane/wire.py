@@ -70,6 +70,9 @@ class MsgType(enum.IntEnum):
     STATE = 55
     STATE_REPLY = 56
     DEFINE = 57
+    # torch.profiler's window on the server (server/profiling.py)
+    PROFILE = 58
+    PROFILE_REPLY = 59
     # benchmarking: the peer answers ECHO with ECHO_REPLY carrying the same payloads
     ECHO = 64
     ECHO_REPLY = 65

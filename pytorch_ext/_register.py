@@ -38,6 +38,9 @@ def register_device() -> None:
 
         install_generator_state_hooks()
         device_hooks.install(native)
+        from . import profiling
+
+        profiling.install()
         printing.install()
         from .compile import register_backend
 

@@ -267,6 +267,10 @@ class Session:
             out[name] = int(wire.get(key, 0))
         return out
 
+    def profile(self, action: str) -> m.ProfileReply:
+        """torch.profiler's window on the server ("start", "stop": profiling.py)."""
+        return self._call(m.Profile(action), m.ProfileReply)
+
     def rng(self, action: str, generator, state: bytes = b"") -> bytes:
         return self._call(m.Rng(action, generator, state), m.RngReply).state
 

@@ -30,7 +30,7 @@ from ..dataplane import messages as m
 from ..dataplane.transport import Message, Transport
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import auth, failure, native, peer, swap
+from . import auth, failure, native, peer, profiling, swap
 from .counters import SessionCounters
 from .events import SessionEvents
 from .executor import Executor
@@ -99,7 +99,9 @@ class Session(Receiving):
             MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.EVENT: self._on_event, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
             MsgType.PEER_RECEIVE: self._on_peer, MsgType.PEER_SEND: self._on_peer,
             MsgType.PEER_WRITE: self._on_peer_write, MsgType.STATE: self._on_state, MsgType.DEFINE: self._on_define,
+            MsgType.PROFILE: self._on_profile,
         }
+        self.profiler: Optional[profiling.SessionProfiler] = None
 
     @property
     def ops_done(self) -> int:
@@ -233,6 +235,8 @@ class Session(Receiving):
 
     def _release(self, reason: str) -> None:
         self.heartbeat.stop()
+        if self.profiler is not None:
+            self.profiler.close()
         self.server.exit_if_device_lost()  # freeing tensors of a lost device can abort the process
         try:
             if self.executor is not None:
@@ -519,6 +523,25 @@ class Session(Receiving):
             self.executor.define(request.kind, request.meta)
         except Exception as exc:
             self._fail(exc)
+
+    def _on_profile(self, request: m.Profile, msg: Message, plan) -> None:
+        """torch.profiler's window (profiling.py): answered after the work before it ran."""
+        received = time.time_ns()
+        try:
+            self.device.synchronize(self._stream)
+            if self.profiler is None:
+                self.profiler = profiling.SessionProfiler(self.number, self.device.device.type)
+            if request.action == "start":
+                self.profiler.start()
+                events = ()
+            elif request.action == "stop":
+                events = self.profiler.stop()
+            else:
+                raise ProtocolError(f"unknown Profile action {str(request.action)[:40]!r}")
+        except Exception as exc:
+            self._send(self._error_reply(exc), msg.req_id)
+            return
+        self._send(m.ProfileReply(received, time.time_ns(), events), msg.req_id)
 
     def _on_empty_cache(self, request, msg: Message, plan) -> None:
         self.device.empty_cache()

@@ -6,6 +6,7 @@
 #include "graph_call.h"
 #include "host_cache.h"
 #include "op_queue.h"
+#include "profiler.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
@@ -308,6 +309,9 @@ PYBIND11_MODULE(_C, m) {
         }, py::arg("get"), py::arg("set"),
         "Make Generator.get_state()/set_state() read and write the server's generator: "
         "get(device, id, seed, epoch) -> bytes, set(device, id, seed, epoch, state).");
+  m.def("set_profiler_hooks", &ra::set_profiler_hooks, py::arg("start"), py::arg("stop"),
+        "torch.profiler's PrivateUse1 window: start() on every server, stop() -> their events.");
+  m.def("profiler_available", &ra::profiler_available);
   m.def("set_device_hooks", [](py::object impl) {
           // Leaked like the guard that calls them: events may be destroyed until interpreter exit.
           auto* obj = new py::object(std::move(impl));
