@@ -615,7 +615,8 @@ class Session:
     def _wait(self, request: tuple, sink, deadline: Optional[float], sigint) -> "Message":
         """The reply to `request` (type, meta, payloads, req_id). Any message from the server
         (a heartbeat included) shows it is alive; `self.timeout` of silence means it is
-        dead or frozen: the session then recovers (and sends the request again) or fails."""
+        frozen: RemoteAccelError. A connection that breaks (the server died) recovers,
+        and the request is sent again."""
         req_id = request[3]
         if sink is not None:
             user_sink = sink
@@ -631,10 +632,11 @@ class Session:
             now = time.monotonic()
             silent = self.timeout - (now - heard)
             if silent <= 0:
-                self._lost(TransportTimeout(
-                    f"no message for {self.timeout:g} s (a working server sends heartbeats): it died or froze"), [request])
-                heard = time.monotonic()
-                continue
+                # Silence, with the connection open: a frozen server (or a link cut without a
+                # reset). Reconnecting would reach the same frozen process: fail as without
+                # recovery; a server that died closes the connection, and that recovers.
+                raise self._fail(TransportTimeout(
+                    f"no message for {self.timeout:g} s (a working server sends heartbeats): it died or froze"))
             wait = min(WAIT_SLICE_S, silent)
             if until is not None:
                 if until <= now:

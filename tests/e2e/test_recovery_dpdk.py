@@ -1,6 +1,7 @@
-"""Recovery over DPDK (memif): the server killed with SIGKILL between two steps and
-started again on the same memif socket; the client, in its own process (one EAL per
-process), trains on and ends with the results of an uninterrupted run."""
+"""Recovery over DPDK (memif): the server killed with SIGKILL between two steps, and again
+while the client waits in a sync, each time started again on the same memif socket; the
+client, in its own process (one EAL per process), ends with the results of an
+uninterrupted run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -44,12 +46,24 @@ CLIENT = textwrap.dedent("""
         return losses, [p.detach().cpu().flatten().tolist() for p in model.parameters()]
     expected = train(False)
     got = train(True)
-    print(json.dumps({"same": got == expected, "recoveries": remote_accel.stats()["recoveries"]}), flush=True)
+    def slow():  # a few seconds of server work: the client waits in the sync meanwhile
+        g = torch.Generator().manual_seed(3)
+        a = torch.randn(1024, 1024, generator=g).to("remote_accel")
+        w = a
+        for _ in range(24):
+            w = torch.tanh(w @ a / 32)
+        return w.sum()
+    reference = slow().item()
+    waited = slow()
+    print("waiting", flush=True)  # the test kills the server while this sync waits
+    during = waited.item()
+    print(json.dumps({"same": got == expected, "sync": during == reference,
+                      "recoveries": remote_accel.stats()["recoveries"]}), flush=True)
     remote_accel.shutdown()
 """)
 
 
-def test_memif_session_recovers_after_the_server_is_killed_between_steps():
+def test_memif_session_recovers_after_kills_between_steps_and_during_a_sync():
     with ServerProcess("--transport", "tcp,dpdk", "--threads", "1", start_timeout=WAIT_S) as server:
         client = subprocess.Popen([sys.executable, "-c", CLIENT], env=dict(os.environ, **server.client_env()),
                                   text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -60,10 +74,15 @@ def test_memif_session_recovers_after_the_server_is_killed_between_steps():
             server.restart()
             client.stdin.write("go\n")
             client.stdin.flush()
+            line = client.stdout.readline()
+            assert line.strip() == "waiting", client.stderr.read() if not line else line
+            time.sleep(0.2)
+            server.kill()
+            server.restart()
             out, err = client.communicate(timeout=WAIT_S)
         finally:
             client.kill()
         assert client.returncode == 0, err
         result = json.loads(out.strip().splitlines()[-1])
-        assert result == {"same": True, "recoveries": 1}, err
+        assert result == {"same": True, "sync": True, "recoveries": 2}, err
         assert "recovered the session" in err
