@@ -221,8 +221,10 @@ class Executor {
   bool scan(std::string meta);
   // Runs items from `first` on until one Python must run, an error, or the end.
   struct Stop {
-    size_t item;  // the item Python runs (kSlow) or that failed (kError); == count at the end
-    enum Kind { kEnd, kSlow, kError } kind;
+    // initialized: a Stop is copied whole (FastLoop::Result) even when no batch set it,
+    // and an indeterminate enum is undefined behaviour (UBSan: "not a valid value for type Kind")
+    size_t item = 0;  // the item Python runs (kSlow) or that failed (kError); == count at the end
+    enum Kind { kEnd, kSlow, kError } kind = kEnd;
     size_t begin = 0, end = 0;  // kSlow: the item's bytes in the meta
     Error error;
   };
