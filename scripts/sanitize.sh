@@ -22,14 +22,18 @@ default_tests=(
   tests/dpdk/test_wire_fastpath.py tests/dpdk/test_frame_crc.py tests/dpdk/test_shim.py
   tests/server/test_fast_loop.py tests/server/test_native_executor.py tests/server/test_fuzz.py
   tests/server/test_host_blocks.py tests/server/test_host_block_charges.py tests/server/test_auth.py
-  tests/server/test_read_fast_path.py
-  tests/e2e/test_training.py tests/e2e/test_direct_copy.py
+  tests/server/test_read_fast_path.py tests/server/test_read_fast_path_dpdk.py tests/server/test_swap.py
+  tests/server/test_sessions.py tests/server/test_peer_copies.py tests/dpdk/test_doorbell.py
+  tests/e2e/test_training.py tests/e2e/test_direct_copy.py tests/e2e/test_sync_points.py
 )
 skip=(
   # it crashes a process on purpose, and ASan's SEGV handler reports that crash as one
   --deselect "tests/dpdk/test_shim.py::test_memif_guard_does_not_hide_other_crashes"
   # it counts page faults, which ASan's shadow memory and its quarantine of freed memory add
   --deselect "tests/server/test_fast_loop.py::test_a_new_memif_connection_takes_no_page_fault_per_round_trip"
+  # a client that gives up after 1.5 s without a heartbeat: under ASan on a loaded 2-core
+  # machine one came late in one run of three (the other loop tests run the same code)
+  --deselect "tests/server/test_fast_loop.py::test_a_long_batch_in_the_loop_keeps_sending_heartbeats"
 )
 (($#)) || set -- "${default_tests[@]}" "${skip[@]}"
 
