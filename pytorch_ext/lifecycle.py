@@ -99,10 +99,10 @@ def init(
         # a pool: its addresses and tokens (the tokens came through the pool, never a file)
         pool = servers
         servers, tokens = list(pool.addresses()), list(pool.tokens())
-    else:
-        pool = None
         if transport == "auto":
             transport = "tcp"
+    else:
+        pool = None
     if servers is None:
         env_server = config.setting(config.ENV_SERVER)
         servers = [server or env_server] if (server or env_server) else [None]

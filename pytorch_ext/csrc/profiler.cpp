@@ -30,7 +30,7 @@
 #include <TraceSpan.h>
 #include <output_base.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
-#define REMOTE_ACCEL_HAS_PROFILER 1
+#define RA_HAVE_KINETO_REGISTRY 1
 #endif
 
 namespace py = pybind11;
@@ -53,14 +53,14 @@ void set_profiler_hooks(py::object start, py::object stop) {
 }
 
 bool profiler_available() {
-#ifdef REMOTE_ACCEL_HAS_PROFILER
+#ifdef RA_HAVE_KINETO_REGISTRY
   return true;
 #else
   return false;
 #endif
 }
 
-#ifdef REMOTE_ACCEL_HAS_PROFILER
+#ifdef RA_HAVE_KINETO_REGISTRY
 namespace {
 
 struct ServerEvent {
@@ -168,6 +168,6 @@ class RemoteProfiler final : public libkineto::IActivityProfiler {
 REGISTER_PRIVATEUSE1_PROFILER(RemoteProfiler);
 
 }  // namespace
-#endif  // REMOTE_ACCEL_HAS_PROFILER
+#endif  // RA_HAVE_KINETO_REGISTRY
 
 }  // namespace remote_accel
