@@ -90,9 +90,12 @@ class Borrowed(NamedTuple):
     view: memoryview
     source: Any
     version: int
+    address: int  # where the source's bytes were
 
     def unchanged(self) -> bool:
-        return self.source._version == self.version
+        # a tensor that now holds other memory (Module.to() gives a parameter the remote
+        # copy's: the optimizer's in-place steps then bump its version) no longer writes ours
+        return self.source._version == self.version or self.source.data_ptr() != self.address
 
 
 class ServerDied(Exception):
@@ -131,7 +134,7 @@ class Journal:
         self.recoveries = 0
         self.replayed_ops = 0
         self.snapshots = 0
-        self._lent: dict[int, tuple] = {}  # id(view) -> (source tensor, its version): see lend()
+        self._lent: dict[int, tuple] = {}  # id(view) -> (source tensor, its version, address): see lend()
         self._borrowed: list[Borrowed] = []  # the journal's borrowed payloads
         self.last_recovery_s = 0.0  # the last recovery: from reconnecting to the replay sent
 
@@ -143,7 +146,7 @@ class Journal:
     def lend(self, view: memoryview, source) -> None:
         """`view`, about to be sent, holds the bytes of CPU tensor `source`: keep it by
         reference (Borrowed) rather than copy it."""
-        self._lent[id(view)] = (source, source._version)
+        self._lent[id(view)] = (source, source._version, source.data_ptr())
 
     def record(self, messages) -> None:
         """The session's one-way requests, as they leave (Session._transmit)."""
