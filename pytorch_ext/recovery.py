@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -81,21 +82,24 @@ def default_memory() -> int:
 
 
 class Borrowed(NamedTuple):
-    """A large upload's bytes, kept by reference instead of copied: the caller's CPU tensor
-    (`source`) and its version counter when it was sent. Copying every upload would cost
-    as much as sending it; torch bumps a tensor's version at every in-place change, so a
-    changed source is seen (and a snapshot taken at the next sync point, before which a
-    replay would refuse it)."""
+    """A large upload's bytes, kept by reference instead of copied: the bytes (`view`, which
+    keeps their memory alive), a weak reference to the caller's CPU tensor (`source`) and
+    its version counter when it was sent. Copying every upload would cost as much as
+    sending it; torch bumps a tensor's version at every in-place change, so a changed
+    source is seen (and a snapshot taken at the next sync point, before which a replay
+    would refuse it). Weak: Module.to() hands the parameter objects the remote copies,
+    which the journal must not keep alive (their server memory would never be freed)."""
 
     view: memoryview
-    source: Any
+    source: Any  # weakref.ref to the tensor
     version: int
     address: int  # where the source's bytes were
 
     def unchanged(self) -> bool:
-        # a tensor that now holds other memory (Module.to() gives a parameter the remote
-        # copy's: the optimizer's in-place steps then bump its version) no longer writes ours
-        return self.source._version == self.version or self.source.data_ptr() != self.address
+        tensor = self.source()
+        # gone, or now holding other memory (a parameter after Module.to(), whose optimizer
+        # steps then bump its version): it no longer writes the bytes kept here
+        return tensor is None or tensor._version == self.version or tensor.data_ptr() != self.address
 
 
 class ServerDied(Exception):
@@ -146,7 +150,7 @@ class Journal:
     def lend(self, view: memoryview, source) -> None:
         """`view`, about to be sent, holds the bytes of CPU tensor `source`: keep it by
         reference (Borrowed) rather than copy it."""
-        self._lent[id(view)] = (source, source._version, source.data_ptr())
+        self._lent[id(view)] = (weakref.ref(source), source._version, source.data_ptr())
 
     def record(self, messages) -> None:
         """The session's one-way requests, as they leave (Session._transmit)."""

@@ -396,3 +396,16 @@ def test_sparse_tensors_and_views_recover(server, connect):
     assert torch.equal(row.cpu(), dense[1]) and torch.equal(column.cpu(), dense.t()[2])
     row.mul_(10)  # writes through the view into the recovered storage
     assert torch.equal(remote.cpu(), torch.tensor([[0.0, 2.0, 0.0], [30.0, 0.0, 40.0]]))
+
+
+def test_the_journal_keeps_no_device_memory_alive(server, connect):
+    """Module.to() hands the parameter objects the remote copies: the journal, which keeps
+    the uploaded bytes, must not keep those objects (their server storages) alive."""
+    connect()
+    model = nn.Linear(1024, 1024).to("remote_accel")  # a 4 MiB weight, uploaded in one WRITE
+    torch.remote_accel.synchronize()
+    held = remote_accel.server_stats()["memory_allocated"]
+    del model
+    torch.remote_accel.synchronize()
+    assert remote_accel.server_stats()["memory_allocated"] <= held - (4 << 20)
+    assert remote_accel.stats()["recovery_bytes"] >= 4 << 20  # the bytes themselves are kept
