@@ -162,11 +162,10 @@ class Journal:
                 continue
             if payloads:
                 payloads = tuple(self._keep(p) for p in payloads)
-                self.entry_bytes += sum(len(p) if type(p) is bytes else p.view.nbytes for p in payloads)
             if msg_type == MsgType.PEER_RECEIVE:
                 self.copies_in = True
             entries.append((msg_type, meta, payloads))
-            self.entry_bytes += len(meta)
+            self.entry_bytes += _entry_bytes(meta, payloads)
         if self.nbytes > self.limit:
             self._break(f"more than REMOTE_ACCEL_RECOVERY_MEMORY ({self.limit} bytes) was sent without a sync point")
 
@@ -189,10 +188,6 @@ class Journal:
         if self.broken is None and msg_type in JOURNALED_WITH_REPLY:
             self.entries.append((msg_type, meta, ()))
             self.entry_bytes += len(meta)
-        self.synced = len(self.entries)
-
-    def synced_here(self) -> None:
-        """A reply came: every error of the requests before it was told to the user."""
         self.synced = len(self.entries)
 
     def define_plan(self, plan: int, meta: bytes) -> None:
@@ -221,6 +216,19 @@ class Journal:
     def _forget_entries(self) -> None:
         self.entries, self.entry_bytes, self.synced = [], 0, 0
         self._borrowed, self._lent = [], {}
+
+    def keep_only(self, entries: list) -> None:
+        """The journal becomes `entries` (a prefix of its requests, Replay.run_prefix's), all
+        of them told to the user: what is left after the op that killed the server is dropped."""
+        self.entries, self.synced = entries, len(entries)
+        self.entry_bytes = sum(_entry_bytes(meta, payloads) for _, meta, payloads in entries)
+        kept = {id(p) for _, _, payloads in entries for p in payloads}
+        self._borrowed = [b for b in self._borrowed if id(b) in kept]
+
+    def stats(self) -> dict:
+        """Session.local_stats' recovery figures."""
+        return {"recovery_bytes": self.nbytes, "recoveries": self.recoveries, "replayed_ops": self.replayed_ops,
+                "recovery_snapshots": self.snapshots, "recovery_seconds": self.last_recovery_s}
 
     # -- snapshots ------------------------------------------------------------------------------
     def snapshot_due(self, now: float, live_bytes: int) -> bool:
@@ -288,6 +296,16 @@ class Journal:
         except (ProtocolError, IndexError, TypeError):
             pass
         return MsgType(msg_type).name
+
+
+#: local_stats' recovery figures of a session without recovery
+NO_STATS = {"recovery_bytes": 0, "recoveries": 0, "replayed_ops": 0, "recovery_snapshots": 0,
+            "recovery_seconds": 0.0}
+
+
+def _entry_bytes(meta: bytes, payloads: tuple) -> int:
+    """What a journal entry holds: its meta and payloads (a borrowed one's bytes too)."""
+    return len(meta) + sum(len(p) if type(p) is bytes else p.view.nbytes for p in payloads)
 
 
 def single_requests(entry: tuple) -> list:

@@ -255,12 +255,7 @@ class Session:
             if self._dead is None:
                 self._take_native()  # they are issued: they leave with the next batch
             out = dict(self.counters)
-        journal = self._journal
-        out["recovery_bytes"] = journal.nbytes if journal is not None else 0
-        out["recoveries"] = journal.recoveries if journal is not None else 0
-        out["replayed_ops"] = journal.replayed_ops if journal is not None else 0
-        out["recovery_snapshots"] = journal.snapshots if journal is not None else 0
-        out["recovery_seconds"] = journal.last_recovery_s if journal is not None else 0.0
+        out.update(self._journal.stats() if self._journal is not None else recovery.NO_STATS)
         wire = self.transport.stats()
         for key, name in (("tx_bytes", "bytes_sent"), ("rx_bytes", "bytes_received"),
                           ("tx_messages", "messages_sent"), ("rx_messages", "messages_received")):
@@ -418,7 +413,7 @@ class Session:
                 journal.replayed_ops += ops
                 self._settled = None
                 log.warning("remote_accel: recovered the session on %s in %.2f s: restored %d bytes, replayed %d "
-                            "requests (%d ops)", self.transport.peer, time.monotonic() - start,
+                            "requests (%d ops)", self.transport.peer, journal.last_recovery_s,
                             journal.snapshot.nbytes, len(journal.entries), ops)
                 return True
 
@@ -440,9 +435,7 @@ class Session:
             except recovery.ServerDied:
                 self.transport.close()
         self._req_ids = itertools.count(replay.req_id + 1)
-        journal.entries = kept
-        journal.entry_bytes = sum(len(meta) + sum(len(p) for p in payloads) for _, meta, payloads in kept)
-        journal.synced = len(kept)
+        journal.keep_only(kept)
         journal.recoveries += 1
         self._deaths = 0
         self._settled = None

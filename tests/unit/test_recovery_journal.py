@@ -105,3 +105,21 @@ def test_large_uploads_are_borrowed_until_their_tensor_changes():
     source.add_(1)
     assert journal.changed_uploads() and "changed in place" in journal.unrecoverable()
     assert journal.snapshot_due(journal.last_snapshot, live_bytes=0)
+
+
+def test_keeping_a_prefix_counts_borrowed_bytes_and_forgets_the_rest():
+    import torch
+
+    journal = recovery.Journal(1 << 30)
+    source = torch.zeros(1 << 16)
+    view = memoryview(source.numpy()).cast("B")
+    journal.lend(view, source)
+    journal.record([(int(MsgType.WRITE), m.encode(m.WriteStorage(1, 0, view.nbytes)), [view], 0),
+                    _batch(m.AllocStorage(2, 4))])
+    first = journal.entries[:1]
+    whole = journal.entry_bytes
+    journal.keep_only(first)
+    assert journal.synced == 1 and journal.entry_bytes == whole - len(_batch(m.AllocStorage(2, 4))[1])
+    journal.keep_only([])
+    source.add_(1)  # the dropped upload's tensor no longer matters
+    assert journal.entry_bytes == 0 and not journal.changed_uploads()
