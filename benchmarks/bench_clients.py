@@ -29,19 +29,14 @@ def worker(transport: str, steps: int) -> int:
     import torch.nn as nn
 
     import remote_accel
+    from training import training_step  # this folder, beside the script
 
     remote_accel.init(transport=transport, timeout=120)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to("remote_accel")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64).to("remote_accel"), torch.randint(0, 10, (32,)).to("remote_accel")
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = training_step(model, opt, x, y)
 
     for _ in range(3):  # meta shapes and plans are cached after the first steps
         step()

@@ -42,21 +42,14 @@ from timing import (  # noqa: E402  (this folder, beside the script)
     add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
 
 import sync_points
+from training import training_step  # noqa: E402
 
 
 def _step_fn(model, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 64).to(device)
     y = torch.randint(0, 10, (32,)).to(device)
-
-    def step():
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
+    return training_step(model, opt, x, y)
 
 
 CHAIN_OPS = 40_000

@@ -30,21 +30,13 @@ import torch.nn as nn
 import remote_accel
 from bench_compile import TinyTransformer  # noqa: E402  (this folder, beside the script)
 from timing import add_server_threads_option, server_thread_options  # noqa: E402
+from training import training_step  # noqa: E402
 from remote_accel.server.testing import ServerProcess
 
 
 def _step_fn(model: nn.Module, batch: tuple, lr: float = 1e-3):
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    x, y = batch
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
+    return training_step(model, opt, *batch)
 
 
 def _tiny():

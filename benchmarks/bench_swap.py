@@ -36,6 +36,7 @@ def worker(args) -> int:
     import torch.nn as nn
 
     import remote_accel
+    from training import training_step  # this folder, beside the script
 
     remote_accel.init(transport="tcp", server=args.server, token=args.token, timeout=600)
     torch.manual_seed(0)
@@ -45,13 +46,7 @@ def worker(args) -> int:
     model = nn.Sequential(*blocks, nn.Linear(args.width, 1)).to("remote_accel")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=args.foreach)
     x, y = torch.randn(8, args.width).to("remote_accel"), torch.randn(8, 1).to("remote_accel")
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = training_step(model, opt, x, y, nn.functional.mse_loss)
 
     import time
 
