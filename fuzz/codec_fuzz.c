@@ -7,7 +7,7 @@
  * second call reaches the paths where pos > 0). What must hold: no crash, no leak, no
  * out-of-bounds read (the input is a copy of exactly its bytes), an end position within
  * the input, and a refusal only as ValueError (codec.decode then asks the Python decoder). */
-#include "../dataplane/_codec.c"
+#include "../src/remote_accel/dataplane/_codec.c"
 
 static PyObject *ext_type;
 

@@ -25,17 +25,17 @@ build() {  # build NAME COMPILER ARGS...: only when a source is newer than the t
   local name=$1 cc=$2
   shift 2
   local bin=$out/${name}_fuzz src
-  for src in fuzz/"${name}"_fuzz.c* dpdk_shim/wire/*.c dpdk_shim/wire/*.h server/csrc/batch_scan.h \
-             dataplane/codec.h dataplane/_codec.c; do
+  for src in fuzz/"${name}"_fuzz.c* src/dpdk_shim/wire/*.c src/dpdk_shim/wire/*.h src/remote_accel/server/csrc/batch_scan.h \
+             src/remote_accel/dataplane/codec.h src/remote_accel/dataplane/_codec.c; do
     [[ $bin -nt $src ]] || { echo "[fuzz] building $name" >&2; "$cc" "${flags[@]}" "$@" -o "$bin"; return; }
   done
 }
 for t in "${targets[@]}"; do
   case $t in
-    prologue) build prologue clang -Idpdk_shim fuzz/prologue_fuzz.c dpdk_shim/wire/prologue.c dpdk_shim/wire/crc.c ;;
-    frame) build frame clang -Idpdk_shim $(pkg-config --cflags libdpdk) fuzz/frame_fuzz.c dpdk_shim/wire/frame.c \
-             dpdk_shim/wire/crc.c $(pkg-config --libs libdpdk) ;;
-    batch_scan) build batch_scan clang++ -std=c++20 -Iserver/csrc -Idataplane fuzz/batch_scan_fuzz.cpp ;;
+    prologue) build prologue clang -Isrc/dpdk_shim fuzz/prologue_fuzz.c src/dpdk_shim/wire/prologue.c src/dpdk_shim/wire/crc.c ;;
+    frame) build frame clang -Isrc/dpdk_shim $(pkg-config --cflags libdpdk) fuzz/frame_fuzz.c src/dpdk_shim/wire/frame.c \
+             src/dpdk_shim/wire/crc.c $(pkg-config --libs libdpdk) ;;
+    batch_scan) build batch_scan clang++ -std=c++20 -Isrc/remote_accel/server/csrc -Isrc/remote_accel/dataplane fuzz/batch_scan_fuzz.cpp ;;
     # the venv's own Python, embedded (the decoder builds its objects)
     codec) build codec clang -fno-strict-aliasing $("$py" -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \
              fuzz/codec_fuzz.c -L"$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')" \

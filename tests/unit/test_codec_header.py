@@ -17,7 +17,7 @@ from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.wire import MsgType
 from remote_accel.errors import ProtocolError
 
-HEADER = Path(__file__).resolve().parents[2] / "dataplane" / "codec.h"
+HEADER = Path(__file__).resolve().parents[2] / "src" / "remote_accel" / "dataplane" / "codec.h"
 
 
 def constants() -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-SHIM = Path(__file__).resolve().parents[2] / "dpdk_shim"
+SHIM = Path(__file__).resolve().parents[2] / "src" / "dpdk_shim"
 CRC_C = SHIM / "wire" / "crc.c"
 CC = os.environ.get("CC", "cc")
 CROSS_CC = "aarch64-linux-gnu-gcc"

@@ -1,6 +1,7 @@
 """The layers of the checkout, read from its source: imports run one way between layers
-(tools -> pytorch_ext/server -> torch_wire -> dataplane -> dpdk_shim, all over the base
-modules errors, config, _version) and never in a circle inside one.
+(tools -> pytorch_ext/server -> torch_wire -> dataplane, all over the base modules errors,
+config, _version) and never in a circle inside one. Below dataplane lies the DPDK shim, C
+with a cffi module (src/dpdk_shim; tests/unit/test_c_layers.py checks its own layers).
 
 Every import counts, at any depth of the file: one inside a function or under
 `if TYPE_CHECKING:` still ties two modules together for a reader, so an import moved
@@ -17,15 +18,15 @@ import pytest
 from graph_cycles import cycles
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-#: source folder -> its package inside remote_accel
-FOLDERS = {"package": "", "dpdk_shim": "dpdk_shim", "dataplane": "dataplane", "torch_wire": "torch_wire",
-           "server": "server", "pytorch_ext": "pytorch_ext", "tools": "tools"}
+#: the import tree: src/remote_accel/X/Y.py is the module remote_accel.X.Y
+SRC = CHECKOUT / "src"
+#: the subpackages that are layers; the package's own modules are the base
+LAYERS = {"dataplane", "torch_wire", "server", "pytorch_ext", "tools"}
 #: what each layer may import besides itself; pytorch_ext and server stand side by side
 #: (a client and a server share only what lies below them)
 MAY_IMPORT = {
     "base": set(),
-    "dpdk_shim": {"base"},
-    "dataplane": {"base", "dpdk_shim"},
+    "dataplane": {"base"},
     "torch_wire": {"base", "dataplane"},
     "server": {"base", "dataplane", "torch_wire"},
     "pytorch_ext": {"base", "dataplane", "torch_wire"},
@@ -39,19 +40,18 @@ ENTRY_POINTS = {"remote_accel", "remote_accel.parallel"}
 UPWARD = {("remote_accel._torch_hook", "remote_accel.pytorch_ext._register")}
 #: layers that must run without torch (the data plane serves tools and benchmarks too);
 #: buffers.py may make a tensor over pinned memory, inside the function that does it
-TORCH_FREE = {"base", "dpdk_shim", "dataplane"}
+TORCH_FREE = {"base", "dataplane"}
 TORCH_ALLOWED_INSIDE_FUNCTIONS = {"remote_accel.dataplane.buffers", "remote_accel.errors"}
 
 
+def module_name(path: Path) -> str:
+    """A file's module, named by its path alone (the tree is the import tree)."""
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _modules() -> dict[str, Path]:
-    out = {}
-    for folder, sub in FOLDERS.items():
-        for path in sorted((CHECKOUT / folder).glob("*.py")):
-            parts = ["remote_accel"] + ([sub] if sub else [])
-            if path.stem != "__init__":
-                parts.append(path.stem)
-            out[".".join(parts)] = path
-    return out
+    return {module_name(path): path for path in sorted((SRC / "remote_accel").rglob("*.py"))}
 
 
 MODULES = _modules()
@@ -66,7 +66,7 @@ def layer(module: str) -> str:
     if module in INTEGRATIONS:
         return INTEGRATIONS[module]
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS.values() else "base"
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "base"
 
 
 def _imports(module: str, path: Path) -> list[tuple[str, ast.AST]]:

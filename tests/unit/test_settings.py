@@ -10,13 +10,12 @@ from pathlib import Path
 from remote_accel import config
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-SOURCE_FOLDERS = ("package", "dataplane", "torch_wire", "server", "pytorch_ext", "tools", "dpdk_shim")
 NAME = re.compile(r"\bREMOTE_ACCEL_[A-Z0-9_]+\b")
 #: names that are no settings: header guards, C macros, and what only tests and
 #: quickstart.sh read (README "Development" documents those)
 NOT_SETTINGS = re.compile(r"REMOTE_ACCEL_(\w+_H|VERSION|DEVICE_ALLOCATOR|TEST_DEVICE|CI|FUZZ_\w+)\Z")
 #: the only places that read the environment for a setting themselves
-OWN_READERS = {"package/config.py", "dataplane/host_pages.h"}
+OWN_READERS = {"src/remote_accel/config.py", "src/remote_accel/dataplane/host_pages.h"}
 
 
 def test_autoload_names_the_server_variables_of_the_settings():
@@ -27,10 +26,9 @@ def test_autoload_names_the_server_variables_of_the_settings():
 
 
 def _sources():
-    for folder in SOURCE_FOLDERS:
-        for path in sorted((CHECKOUT / folder).rglob("*")):
-            if path.suffix in (".py", ".c", ".h", ".cpp") and "build" not in path.parts:
-                yield path.relative_to(CHECKOUT).as_posix(), path.read_text()
+    for path in sorted((CHECKOUT / "src").rglob("*")):
+        if path.suffix in (".py", ".c", ".h", ".cpp"):
+            yield path.relative_to(CHECKOUT).as_posix(), path.read_text()
 
 
 def test_every_variable_the_source_names_is_a_setting():

@@ -11,7 +11,7 @@ from pathlib import Path
 from remote_accel.dataplane import wire
 from remote_accel.tools import wire_layers as layers
 
-SHIM = Path(__file__).resolve().parents[2] / "dpdk_shim"
+SHIM = Path(__file__).resolve().parents[2] / "src" / "dpdk_shim"
 C_SIZES = {"uint8_t": 1, "rte_be16_t": 2, "rte_be32_t": 4, "rte_be64_t": 8}
 #: the scapy fields' names where they differ from the C struct's
 SCAPY_NAMES = {"crc": "crc32c"}

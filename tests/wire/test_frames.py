@@ -15,7 +15,7 @@ from remote_accel.dataplane import messages, wire
 from remote_accel.tools.wire_layers import (FRAME_HEADER_SIZE, FRAME_TYPES, FRAME_UDP_PORT, RAFrame, RAHello, RAPrologue,
                                             frame_crc)
 
-SHIM_HEADER = Path(__file__).resolve().parents[2] / "dpdk_shim" / "wire" / "wire.h"
+SHIM_HEADER = Path(__file__).resolve().parents[2] / "src" / "dpdk_shim" / "wire" / "wire.h"
 PROLOGUE = wire.encode_prologue(wire.MsgType.ECHO, messages.encode(messages.Echo(seq=4)), [5], req_id=77)
 CHUNK = PROLOGUE + b"hello"
 
