@@ -261,6 +261,9 @@ PYBIND11_MODULE(_native, m) {
       // session; fit_host(room) drops cached blocks until that fits in `room`
       .def("host_extra", [](Executor& s) { return s.table().host_extra(); })
       .def("fit_host", [](Executor& s, int64_t room) { s.table().fit_host(room); })
+      // bytes held outside the storages (receiving.py), charged to the limit too
+      .def("hold", [](Executor& s, int64_t delta) { s.table().hold(delta); })
+      .def("held", [](Executor& s) { return s.table().held(); })
       .def("peak", [](Executor& s) { return s.table().peak(); })
       .def("limit", [](Executor& s) { return s.table().limit(); })
       .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })

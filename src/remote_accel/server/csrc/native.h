@@ -71,6 +71,12 @@ class Table {
   int64_t host_extra() const { return host_owner_extra(owner_); }
   void fit_host(int64_t room) const { host_owner_fit(owner_, room); }
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  // Bytes the server holds for this session outside its storages (a payload's scratch or
+  // staging buffer, an echo: receiving.py), charged to its limit as storages are.
+  int64_t held() const { return held_.load(std::memory_order_relaxed); }
+  void hold(int64_t delta) { held_.fetch_add(delta, std::memory_order_relaxed); }
+  // Everything charged to the limit: storages, held bytes, host blocks' extra.
+  int64_t charged() const { return used() + held() + host_extra(); }
   int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   bool contains(int64_t sid) const { return entries_.count(sid) != 0; }
@@ -124,6 +130,7 @@ class Table {
   c10::Device device_;
   int64_t limit_;
   std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> held_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<size_t> size_{0};  // entries_.size(), readable from any thread
   std::unordered_map<int64_t, Entry> entries_;

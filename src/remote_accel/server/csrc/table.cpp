@@ -14,8 +14,8 @@ void fail(const char* kind, std::string message) {
 void Table::check_fits(int64_t nbytes) const {
   // what the session's host blocks hold beyond its storages counts too: its cached free
   // blocks make room first (host_blocks.cpp), its live blocks' rounding cannot
-  host_owner_fit(owner_, limit_ - used() - nbytes);
-  const int64_t held = used() + host_owner_extra(owner_);
+  host_owner_fit(owner_, limit_ - used() - held() - nbytes);
+  const int64_t held = charged();
   if (nbytes > limit_ - held) {
     fail("oom", "allocating " + std::to_string(nbytes) + " bytes would exceed this session's memory limit (" +
                     std::to_string(held) + " of " + std::to_string(limit_) + " bytes in use)");
