@@ -138,7 +138,7 @@ class StorageTable:
     # -- accounting --------------------------------------------------------------------------
     def check_fits(self, nbytes: int) -> None:
         """Refuse, before touching the device, what would take the session over its limit.
-        What its host blocks hold beyond its storages counts too (host_blocks.cpp): its
+        What its host blocks hold beyond its storages counts too (dataplane/host_blocks.cpp): its
         cached free blocks make room first, its live blocks' rounding up cannot."""
         self.native.fit_host(self.limit - self.native.used() - self.native.held() - nbytes)
         used = self.charged()

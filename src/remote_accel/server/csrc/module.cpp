@@ -257,7 +257,7 @@ PYBIND11_MODULE(_native, m) {
       .def("contains", [](Executor& s, int64_t sid) { return s.table().contains(sid); })
       .def("size", [](Executor& s) { return s.table().size(); })
       .def("used", [](Executor& s) { return s.table().used(); })
-      // host blocks (host_blocks.cpp): what they hold beyond the storages, charged to the
+      // host blocks (dataplane/host_blocks.cpp): what they hold beyond the storages, charged to the
       // session; fit_host(room) drops cached blocks until that fits in `room`
       .def("host_extra", [](Executor& s) { return s.table().host_extra(); })
       .def("fit_host", [](Executor& s, int64_t room) { s.table().fit_host(room); })
