@@ -9,7 +9,8 @@
 #   ./quickstart.sh setup  set up and build .venv only
 #   ./quickstart.sh sanitize [pytest args]  the C/C++ parts built with ASan and UBSan in
 #                          .venv-asan, and the server, wire, dpdk and e2e tests on them
-#                          (docs/sanitizers.md; not in CI: its build alone takes ~15 minutes)
+#                          (docs/sanitizers.md; its build alone takes ~15 minutes, so CI
+#                          runs the C parts alone: scripts/sanitize.sh --c-parts)
 #   ./quickstart.sh fuzz [libFuzzer args]  the fuzz targets, 1,000,000 executions each
 #                          (fuzz/README.md); CI runs each for a few seconds
 # Idempotent: each step is skipped when already done. Needs root (or sudo) for apt and
@@ -137,6 +138,9 @@ case $what in
     "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models || status=$?
     # each fuzz target for a few seconds on its seed corpus (~1 minute with the builds)
     fuzz/run.sh -max_total_time=5 || status=$?
+    # the C that parses a peer's bytes (shim, codec) under ASan and UBSan, over this venv's
+    # package, and the suites that drive it (~3 minutes with the build)
+    REMOTE_ACCEL_VENV=$venv scripts/sanitize.sh --c-parts || status=$?
     run_models "${models_suites[@]}" || status=$?
     exit $status ;;
 esac

@@ -4,6 +4,7 @@
 # calls this; docs/sanitizers.md says what runs and why) and fails on any report.
 #
 #   scripts/sanitize.sh [pytest args]   default: the representative subset below
+#   scripts/sanitize.sh --c-parts [pytest args]   CI's run: the C parts alone (below)
 #
 # CPython and torch are not built with ASan, so its runtime comes first through LD_PRELOAD.
 # Reports go to files (log_path), one per process, because a server subprocess's report
@@ -35,6 +36,41 @@ skip=(
   # machine one came late in one run of three (the other loop tests run the same code)
   --deselect "tests/server/test_fast_loop.py::test_a_long_batch_in_the_loop_keeps_sending_heartbeats"
 )
+
+# --c-parts: what CI runs (its time does not allow the full build's ~15 minutes). Only
+# the C that parses a peer's bytes is built with the sanitizers: the DPDK shim (frames,
+# the channel, ra_wire's prologue and CRC) and the C codec, which take ~15 s to build
+# (meson's -Dtorch_extensions=false). They are laid over a copy of the installed package
+# (its Python and its torch C++ modules, as built), found first through PYTHONPATH, and
+# these suites drive them: every client and server process of the run loads them. The
+# C++ receive loop's parsing is fuzzed under the same sanitizers (fuzz/run.sh).
+c_parts_tests=(
+  tests/unit/test_codec.py tests/unit/test_wire.py tests/wire
+  tests/dpdk/test_wire_fastpath.py tests/dpdk/test_frame_crc.py tests/dpdk/test_shim.py
+  tests/dpdk/test_doorbell.py tests/dpdk/test_acceptance.py tests/server/test_fast_loop.py
+  tests/server/test_fuzz.py tests/server/test_read_fast_path_dpdk.py
+)
+if [[ ${1:-} == --c-parts ]]; then
+  shift
+  venv=${REMOTE_ACCEL_VENV:-.venv}
+  py=$venv/bin/python
+  build=build/asan-c
+  [[ -f $build/build.ninja ]] || "$venv/bin/meson" setup "$build" -Dtorch_extensions=false \
+    -Db_sanitize=address,undefined >/dev/null
+  "$venv/bin/ninja" -C "$build" >/dev/null
+  overlay=$(mktemp -d /tmp/ra-sanitize-c.XXXXXX)
+  trap 'rm -rf "$overlay"' EXIT
+  "$py" scripts/overlay_package.py "$overlay" \
+    "$build"/src/dpdk_shim/_dpdk.cpython-*.so "$build"/src/remote_accel/dataplane/_codec.cpython-*.so
+  export PYTHONPATH=$overlay${PYTHONPATH:+:$PYTHONPATH}
+  where=$("$py" -c 'import remote_accel.dataplane._dpdk as m; print(m.__file__)')
+  if [[ $where != "$overlay"/* ]]; then
+    echo "[sanitize] $venv's remote_accel is found before PYTHONPATH (an editable install?):" \
+      "--c-parts needs a venv built with pip install ." >&2
+    exit 2
+  fi
+  (($#)) || set -- "${c_parts_tests[@]}" "${skip[@]}"
+fi
 (($#)) || set -- "${default_tests[@]}" "${skip[@]}"
 
 logs=$(mktemp -d /tmp/ra-sanitize.XXXXXX)

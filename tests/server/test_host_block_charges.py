@@ -1,4 +1,4 @@
-"""What a session's host blocks hold beyond its storages (server/csrc/host_blocks.cpp: its
+"""What a session's host blocks hold beyond its storages (dataplane/host_blocks.cpp: its
 cached free blocks, and each live block's rounding up to 2 MiB) is charged to the
 session's memory limit: the server never holds more host memory for a session than its
 limit, and a session's cached blocks are unmapped when it needs the room itself."""

@@ -1,4 +1,4 @@
-"""Large CPU storages come from cached, pre-faulted host blocks (server/csrc/host_blocks.cpp):
+"""Large CPU storages come from cached, pre-faulted host blocks (dataplane/host_blocks.cpp):
 uploads into new storages land intact, a freed block serves the same session's next
 storage, and never another session's (no client sees another's bytes)."""
 

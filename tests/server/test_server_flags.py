@@ -1,6 +1,6 @@
 """Documented server settings that no other test sets: `remote-accel-server --version`, and
 REMOTE_ACCEL_HOST_CACHE_MB, the MiB of freed host blocks a CPU server keeps for its
-sessions' next large storages (server/csrc/host_blocks.cpp). No figure of the server
+sessions' next large storages (dataplane/host_blocks.cpp). No figure of the server
 reports that cache, so the test reads what it holds where the kernel counts it: the
 server process's resident memory after a large storage is freed (a kept block stays
 mapped and faulted in; a released one is unmapped)."""

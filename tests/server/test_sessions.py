@@ -147,6 +147,47 @@ def test_memory_limit_gives_oom_and_the_session_goes_on(limited):
         assert stats["memory_allocated"] == 2 * 256 * 256 * 4 and stats["storages"] == 2
 
 
+def test_a_client_pushing_uploads_and_reads_stays_within_its_limit(limited):
+    """Issue #39 item 5: every byte a client makes the server hold counts against its
+    limit, payloads landing outside the storages included (an ECHO's, a SINK's or a bad
+    WRITE's scratch buffer), and a client over its limit never costs another client."""
+    with Client.tcp(*limited.tcp, token=limited.token) as good, \
+            Client.tcp(*limited.tcp, token=limited.token) as greedy:
+        mine = good.upload(torch.arange(64 * 1024, dtype=torch.float32))  # 256 KiB
+        kept = []
+        for step in range(12):  # uploads kept alive in a loop: refused once past 1 MiB
+            data = torch.full((64 * 1024,), float(step))
+            kept.append(greedy.upload(data))
+            try:
+                greedy.sync()
+            except RemoteOutOfMemoryError:
+                kept.pop()
+                break
+            assert torch.equal(greedy.download(kept[-1]), data)  # large reads in the loop
+        else:
+            pytest.fail("12 uploads of 256 KiB fitted in a 1 MiB limit")
+        assert len(kept) <= 4 and greedy.stats()["memory_allocated"] <= 1 << 20
+        assert torch.equal(good.download(mine), torch.arange(64 * 1024, dtype=torch.float32))
+
+        greedy.free(*(ref.sid for ref in kept))  # room again, and the session goes on
+        greedy.sync()
+        greedy.request(m.Echo(1), payloads=(np.zeros(512 << 10, np.uint8),))  # fits: answered
+        # 2 MiB that would land in a scratch buffer: past the limit, refused as out of memory
+        greedy.send(m.Sink(2), payloads=(np.zeros(2 << 20, np.uint8),))
+        reply, _ = greedy.recv(timeout=10)
+        assert (type(reply), reply.kind) == (m.ErrorReply, "oom") and "memory limit" in reply.message, reply
+        with pytest.raises(TransportError):  # its payload could not be read: the session ended
+            greedy.ping()
+        assert good.ping() == 7 and torch.equal(good.download(mine), torch.arange(64 * 1024, dtype=torch.float32))
+
+    for message in (m.Echo(3), m.WriteStorage(12345, 0, 2 << 20)):  # an echo, a WRITE to no storage
+        with Client.tcp(*limited.tcp, token=limited.token) as c:
+            c.send(message, payloads=(np.zeros(2 << 20, np.uint8),))
+            reply, _ = c.recv(timeout=10)
+            assert (type(reply), reply.kind) == (m.ErrorReply, "oom"), (message, reply)
+    assert "would exceed this session's memory limit" in limited.log()
+
+
 def test_silent_client_is_dropped_and_freed(limited):
     with Client.tcp(*limited.tcp, token=limited.token) as idle, \
             Client.tcp(*limited.tcp, token=limited.token) as observer:

@@ -1,5 +1,5 @@
 // Pre-faulted host memory on 2 MiB pages, for the caches of large CPU buffers on both
-// sides of the wire (server/csrc/host_blocks.cpp, pytorch_ext/csrc/host_cache.cpp).
+// sides of the wire (host_blocks.cpp).
 //
 // Fresh anonymous memory is untouched: the first write to each 4 KiB page faults and
 // the kernel zeroes it, which makes receiving into fresh memory 4-5x slower than into

@@ -4,7 +4,13 @@ safe, else staging, else a scratch buffer for bytes only thrown away).
 
 `Receiving` is a base of Session (session.py), kept apart because this half runs inside
 the transport's recv, as its payload sink, before the message is dispatched. It uses the
-session's table, device, `_stash`, `_scratch` and `_scan`.
+session's table, device, `_stash`, `_scratch`, `_held` and `_scan`.
+
+What a message makes the server hold outside the storages (the scratch buffer, an echo's
+payload, a CPU server's staging) is charged to the session's memory limit, as storages
+are (StorageTable.hold): a client cannot make the server hold more than its limit by
+sending payloads that land anywhere else. Past the limit the session ends with an out of
+memory error, since the payload bytes in flight cannot be left unread.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ log = logging.getLogger(__package__ + ".session")
 #: reused scratch buffer; one larger than this cannot be taken, and the session ends.
 MAX_DISCARD_BYTES = 2 << 30
 MAX_ECHO_BYTES = 2 << 30
+#: A scratch buffer larger than this is given back after its message instead of kept.
+KEEP_SCRATCH_BYTES = 1 << 20
 
 
 class FastRead(NamedTuple):
@@ -85,6 +93,7 @@ class Receiving:
         if header.type == MsgType.ECHO:
             if header.payload_total > MAX_ECHO_BYTES:
                 raise Desync(f"ECHO of {header.payload_total} bytes exceeds {MAX_ECHO_BYTES}")
+            self._hold(header.payload_total, "an ECHO's payload")
             return default_sink(header, meta, lengths)
         if header.type == MsgType.SINK:
             return self._discard(lengths)
@@ -112,8 +121,13 @@ class Receiving:
             self._stash = (header.type, exc, None)
             return self._discard(lengths)
         staged = sum(n for n, d in zip(lengths, direct) if not d or self.device.accelerator)
-        if staged > self.table.limit:
-            raise Desync(f"{staged} bytes of WRITE payload exceed this session's memory limit")
+        if self.device.accelerator:
+            # host memory beside a device's: its own limit is the device's, so one
+            # message's staging is bounded by it but not charged to it
+            if staged > self.table.limit:
+                raise Desync(f"{staged} bytes of WRITE payload exceed this session's memory limit", "oom")
+        elif staged:
+            self._hold(staged, "WRITE payload staged before its storage exists")
         plan = [self._write_target(w, ok) for w, ok in zip(writes, direct)]
         self._stash = (header.type, request, plan)
         return [t.buffer for t in plan]
@@ -136,5 +150,25 @@ class Receiving:
         if need > MAX_DISCARD_BYTES:
             raise Desync(f"a payload of {need} bytes cannot be received here")
         if need > self._scratch.nbytes:
+            self._hold(need - self._scratch.nbytes, "a payload to throw away")
+            self._held -= need - self._scratch.nbytes  # the scratch buffer's, until _received
             self._scratch = np.empty(need, dtype=np.uint8)
         return [self._scratch[:n] for n in lengths]
+
+    def _hold(self, nbytes: int, what: str) -> None:
+        """Charge `nbytes` this message makes the server hold until _received()."""
+        try:
+            self.table.hold(nbytes)
+        except Failure:
+            raise Desync(f"{what} of {nbytes} bytes would exceed this session's memory limit "
+                         f"({self.table.charged()} of {self.table.limit} bytes in use)", "oom") from None
+        self._held += nbytes
+
+    def _received(self) -> None:
+        """After each message: give back what it held, and a large scratch buffer."""
+        if self._held:
+            self.table.release(self._held)
+            self._held = 0
+        if self._scratch.nbytes > KEEP_SCRATCH_BYTES:
+            self.table.release(self._scratch.nbytes)
+            self._scratch = np.empty(0, dtype=np.uint8)

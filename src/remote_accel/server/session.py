@@ -87,6 +87,7 @@ class Session(Receiving):
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._held = 0  # bytes the message at hand holds outside the storages (receiving.py)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
         self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP connection
@@ -144,7 +145,7 @@ class Session(Receiving):
         timeout = self.server.heartbeat_timeout
         # bound once: each message's path is a few microseconds of Python (issue #20)
         recv, sink, heartbeat, unpin = self.transport.recv, self._sink, self.heartbeat, self.table.native.unpin
-        dispatch, exit_if_device_lost = self._dispatch, self.server.exit_if_device_lost
+        dispatch, exit_if_device_lost, received = self._dispatch, self.server.exit_if_device_lost, self._received
         fast = self._fast_loop()
         if fast is not None:
             recv = functools.partial(self._fast_recv, fast)
@@ -159,8 +160,8 @@ class Session(Receiving):
             except TransportError as exc:
                 return "server shutting down" if self.server.stopping else f"connection lost ({exc})"
             except Desync as exc:
-                self._send_quietly(m.ErrorReply(failure.PROTOCOL, str(exc), ""))
-                return f"protocol error: {exc}"
+                self._send_quietly(m.ErrorReply(exc.kind, str(exc), ""))
+                return f"{exc.kind} error: {exc}"
             except ProtocolError as exc:
                 # A byte stream cannot resynchronise (the transport closed itself); a
                 # message-oriented transport can, and the session goes on.
@@ -174,6 +175,7 @@ class Session(Receiving):
             finally:
                 heartbeat.busy = False
                 unpin(0)  # its storages may be swapped out again
+                received()
             exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"

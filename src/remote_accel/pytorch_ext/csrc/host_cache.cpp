@@ -1,6 +1,6 @@
-// Host memory for large `.cpu()` results: pre-faulted, huge-page-backed blocks that a
-// freed result hands back for the next one (as CUDA's pinned-memory host allocator caches
-// blocks; the server does the same for its storages, server/csrc/host_blocks.cpp).
+// Host memory for large `.cpu()` results and pinned memory: blocks of the host-block
+// cache (dataplane/host_blocks.h, shared with the server's storages), which a freed result
+// hands back for the next one.
 //
 // Why: a training loop downloads a fresh tensor every step. Fresh memory from malloc is
 // mmap'd and untouched, so the kernel zeroes every page of it (a page fault per 4 KiB, or
@@ -8,155 +8,45 @@
 // it again when the tensor dies: zeroing alone was 11% of the client's profile of a 256
 // MiB round trip. A cached block was faulted in once and is simply written again.
 //
-// Safety: a block is in the free list only after the storage that held it died (the
-// DataPtr's deleter puts it there), so two live tensors never share a block. A result is
-// handed to the user only once every byte of it was written by the download; a failed
-// download drops the tensor and its block goes back.
+// A result is handed to the user only once every byte of it was written by the download;
+// a failed download drops the tensor and its block goes back.
 #include "host_cache.h"
 #include "device.h"
-#include "host_pages.h"
+#include "host_blocks.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_to_copy_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
-#include <sys/mman.h>
-
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <vector>
 
 namespace remote_accel {
 namespace {
 
-constexpr size_t kGranule = kHugePage;  // blocks are sized and aligned by it
-// A cached block serves a request down to this fraction of its size (the rest is unused).
-constexpr size_t kSlackNum = 5, kSlackDen = 4;
-
-struct Block {
-  void* ptr;
-  size_t size;
-};
-
-class Cache {
- public:
-  Cache() {
-    // REMOTE_ACCEL_CLIENT_CACHE_MB: bytes of free blocks kept for reuse (0: no caching,
-    // every large result is plain malloc'd memory as before)
-    cap_ = cache_budget_from_env("REMOTE_ACCEL_CLIENT_CACHE_MB", 1024);
-  }
-
-  bool enabled() {
-    std::lock_guard<std::mutex> g(mu_);
-    return cap_ > 0;
-  }
-
-  Block* take(size_t size) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = free_.lower_bound(size);
-    if (it == free_.end() || it->first > size * kSlackNum / kSlackDen) {
-      ++misses_;
-      return nullptr;
-    }
-    Block* b = it->second;
-    free_.erase(it);
-    cached_ -= b->size;
-    live_ += b->size;
-    ++hits_;
-    return b;
-  }
-
-  void mapped(Block* b) {
-    std::lock_guard<std::mutex> g(mu_);
-    live_ += b->size;
-  }
-
-  // Keeps `b` for reuse while the cache has room; false: the caller unmaps it.
-  bool give(Block* b) {
-    std::lock_guard<std::mutex> g(mu_);
-    live_ -= b->size;
-    if (cached_ + b->size > cap_) {
-      ++released_;
-      return false;
-    }
-    free_.emplace(b->size, b);
-    cached_ += b->size;
-    return true;
-  }
-
-  // Drops every cached block (and, with `cap`, sets the bytes kept from now on).
-  std::vector<Block*> trim(std::optional<size_t> cap) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (cap) {
-      cap_ = *cap;
-    }
-    std::vector<Block*> gone;
-    for (auto& [size, b] : free_) {
-      gone.push_back(b);
-    }
-    released_ += gone.size();
-    free_.clear();
-    cached_ = 0;
-    return gone;
-  }
-
-  HostCacheStats stats() {
-    std::lock_guard<std::mutex> g(mu_);
-    return {static_cast<int64_t>(cached_), static_cast<int64_t>(live_), static_cast<int64_t>(cap_),
-            hits_, misses_, released_};
-  }
-
- private:
-  std::mutex mu_;
-  std::multimap<size_t, Block*> free_;
-  size_t cached_ = 0;  // bytes of free blocks
-  size_t live_ = 0;    // bytes of blocks held by live storages
-  size_t cap_;
-  int64_t hits_ = 0, misses_ = 0, released_ = 0;
-};
-
-Cache& cache() {
-  static Cache* c = new Cache();  // never destroyed: storages may die during exit
+host_blocks::Cache& cache() {
+  // REMOTE_ACCEL_CLIENT_CACHE_MB: bytes of free blocks kept for reuse (0: no caching,
+  // every large result is plain malloc'd memory). Never destroyed: storages may die
+  // during exit.
+  static auto* c = new host_blocks::Cache("REMOTE_ACCEL_CLIENT_CACHE_MB", 1024);
   return *c;
 }
 
-void unmap(Block* b) {
-  munmap(b->ptr, b->size);
-  delete b;
-}
-
-void release(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  if (!cache().give(b)) {
-    unmap(b);
-  }
-}
-
-Block* map_block(size_t size) {
-  void* ptr = map_prefaulted(size);
-  if (ptr == nullptr) {
-    return nullptr;
-  }
-  auto* b = new Block{ptr, size};
-  cache().mapped(b);
-  return b;
+// The client is one owner of its blocks (the server has one per session), with no limit.
+uint64_t owner() {
+  static const uint64_t o = cache().open();
+  return o;
 }
 
 // CPU memory: cached blocks for large sizes, the ordinary CPU allocator for the rest (and
 // whenever mapping fails, so that it reports out of memory in its usual words).
 struct HostAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    if (n >= kHostCacheMin && cache().enabled()) {
-      const size_t size = (n + kGranule - 1) & ~(kGranule - 1);
-      Block* b = cache().take(size);
-      if (b == nullptr) {
-        b = map_block(size);
-      }
-      if (b != nullptr) {
-        return {b->ptr, b, &release, c10::Device(c10::kCPU)};
+    if (n >= kHostCacheMin) {
+      if (host_blocks::Block* b = cache().take(n, owner())) {
+        return {b->ptr, b, &host_blocks::Cache::release, c10::Device(c10::kCPU)};
       }
     }
     return c10::GetCPUAllocator()->allocate(n);
@@ -283,9 +173,7 @@ HostCacheStats host_cache_stats() {
 
 void host_cache_empty(std::optional<int64_t> limit) {
   TORCH_CHECK_VALUE(!limit || *limit >= 0, "remote_accel: the host cache's limit must be >= 0 bytes, got ", *limit);
-  for (Block* b : cache().trim(limit ? std::optional<size_t>(static_cast<size_t>(*limit)) : std::nullopt)) {
-    unmap(b);
-  }
+  cache().trim(limit ? std::optional<size_t>(static_cast<size_t>(*limit)) : std::nullopt);
 }
 
 }  // namespace remote_accel

@@ -257,10 +257,13 @@ PYBIND11_MODULE(_native, m) {
       .def("contains", [](Executor& s, int64_t sid) { return s.table().contains(sid); })
       .def("size", [](Executor& s) { return s.table().size(); })
       .def("used", [](Executor& s) { return s.table().used(); })
-      // host blocks (host_blocks.cpp): what they hold beyond the storages, charged to the
+      // host blocks (dataplane/host_blocks.cpp): what they hold beyond the storages, charged to the
       // session; fit_host(room) drops cached blocks until that fits in `room`
       .def("host_extra", [](Executor& s) { return s.table().host_extra(); })
       .def("fit_host", [](Executor& s, int64_t room) { s.table().fit_host(room); })
+      // bytes held outside the storages (receiving.py), charged to the limit too
+      .def("hold", [](Executor& s, int64_t delta) { s.table().hold(delta); })
+      .def("held", [](Executor& s) { return s.table().held(); })
       .def("peak", [](Executor& s) { return s.table().peak(); })
       .def("limit", [](Executor& s) { return s.table().limit(); })
       .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })

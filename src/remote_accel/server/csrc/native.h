@@ -4,7 +4,7 @@
 #pragma once
 
 #include "batch_scan.h"
-#include "host_blocks.h"
+#include "host_blocks.h"  // dataplane/: the host-block cache, shared with the client
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/Tensor.h>
@@ -53,24 +53,36 @@ struct ErrorThrown {
 // half of server/storage.py's StorageTable). Only the session's thread changes it; the
 // figures (used, peak, size) are atomics because metrics and stats read them from other
 // threads while a batch runs with the GIL released.
+// The server's host-block cache (dataplane/host_blocks.h): large CPU storages come from
+// pre-faulted blocks, one owner per session's table (table.cpp).
+host_blocks::Cache& host_block_cache();
+
 class Table {
  public:
   Table(c10::Device device, int64_t limit, std::shared_ptr<Pool> pool = nullptr)
-      : device_(device), limit_(limit), owner_(host_owner_open()), pool_(std::move(pool)) {}
+      : device_(device), limit_(limit), owner_(host_block_cache().open()), pool_(std::move(pool)) {}
   // storages first: their cached host blocks go back to the owner, which then unmaps them
   ~Table() {
     clear();
-    host_owner_close(owner_);
+    host_block_cache().close(owner_);
   }
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
   c10::Device device() const { return device_; }
   int64_t limit() const { return limit_; }
-  // host_blocks.h: what this session's host blocks hold beyond its storages' bytes
-  int64_t host_extra() const { return host_owner_extra(owner_); }
-  void fit_host(int64_t room) const { host_owner_fit(owner_, room); }
+  // host_blocks.h: what this session's host blocks hold beyond its storages' bytes (its
+  // cached free blocks and its live blocks' rounding), charged to its limit; fit_host
+  // unmaps its cached blocks until that fits in `room`
+  int64_t host_extra() const { return static_cast<int64_t>(host_block_cache().extra(owner_)); }
+  void fit_host(int64_t room) const { host_block_cache().fit(owner_, static_cast<size_t>(std::max<int64_t>(room, 0))); }
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  // Bytes the server holds for this session outside its storages (a payload's scratch or
+  // staging buffer, an echo: receiving.py), charged to its limit as storages are.
+  int64_t held() const { return held_.load(std::memory_order_relaxed); }
+  void hold(int64_t delta) { held_.fetch_add(delta, std::memory_order_relaxed); }
+  // Everything charged to the limit: storages, held bytes, host blocks' extra.
+  int64_t charged() const { return used() + held() + host_extra(); }
   int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   bool contains(int64_t sid) const { return entries_.count(sid) != 0; }
@@ -124,6 +136,7 @@ class Table {
   c10::Device device_;
   int64_t limit_;
   std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> held_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<size_t> size_{0};  // entries_.size(), readable from any thread
   std::unordered_map<int64_t, Entry> entries_;

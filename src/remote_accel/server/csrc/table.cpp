@@ -2,10 +2,42 @@
 #include "native.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 
 namespace remote_accel::server {
+
+host_blocks::Cache& host_block_cache() {
+  // REMOTE_ACCEL_HOST_CACHE_MB: bytes of free blocks kept for reuse (0 disables the cache).
+  // Never destroyed: storages may die during exit.
+  static auto* c = new host_blocks::Cache("REMOTE_ACCEL_HOST_CACHE_MB", 2048);
+  return *c;
+}
+
+namespace {
+
+// A CPU storage of `nbytes` over a block of this session's (`owner`), or nullopt (small,
+// caching off, no memory, or no room for the block's rounding in `room`, the bytes the
+// limit leaves once the storage is counted): the caller then allocates as usual, and the
+// ordinary allocator reports out of memory in its own words.
+std::optional<c10::Storage> host_storage(int64_t nbytes, uint64_t owner, int64_t room) {
+  if (nbytes < static_cast<int64_t>(host_blocks::kMinBytes)) {
+    return std::nullopt;
+  }
+  host_blocks::Block* b = host_block_cache().take(static_cast<size_t>(nbytes), owner,
+                                                  static_cast<size_t>(std::max<int64_t>(room, 0)));
+  if (b == nullptr) {
+    return std::nullopt;
+  }
+  c10::DataPtr data(b->ptr, b, &host_blocks::Cache::release, c10::Device(c10::kCPU));
+  // Resizable through the ordinary allocator: resize_ moves the bytes to a new allocation
+  // and hands this block back.
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), c10::GetCPUAllocator(),
+                      /*resizable=*/true);
+}
+
+}  // namespace
 
 void fail(const char* kind, std::string message) {
   throw ErrorThrown{Error{kind, "", std::move(message)}};
@@ -13,9 +45,9 @@ void fail(const char* kind, std::string message) {
 
 void Table::check_fits(int64_t nbytes) const {
   // what the session's host blocks hold beyond its storages counts too: its cached free
-  // blocks make room first (host_blocks.cpp), its live blocks' rounding cannot
-  host_owner_fit(owner_, limit_ - used() - nbytes);
-  const int64_t held = used() + host_owner_extra(owner_);
+  // blocks make room first (dataplane/host_blocks.cpp), its live blocks' rounding cannot
+  fit_host(limit_ - used() - held() - nbytes);
+  const int64_t held = charged();
   if (nbytes > limit_ - held) {
     fail("oom", "allocating " + std::to_string(nbytes) + " bytes would exceed this session's memory limit (" +
                     std::to_string(held) + " of " + std::to_string(limit_) + " bytes in use)");
@@ -55,7 +87,7 @@ void Table::alloc(int64_t sid, int64_t nbytes) {
   check_fits(nbytes);
   room(nbytes);
   // uploads land in new storages: on CPU, memory that takes no page faults
-  auto cached = device_.is_cpu() ? host_storage(nbytes, owner_, limit_ - used() - nbytes) : std::nullopt;
+  auto cached = device_.is_cpu() ? host_storage(nbytes, owner_, limit_ - used() - held() - nbytes) : std::nullopt;
   auto storage = cached ? std::move(*cached)
                         : at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device_)).storage();
   Pool::Guard g(pool_.get());

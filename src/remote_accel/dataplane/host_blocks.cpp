@@ -1,0 +1,193 @@
+// The host-block cache (host_blocks.h says why and for whom).
+//
+// Safety: a block is in the free list only after the buffer that held it died (its
+// DataPtr's deleter, release(), puts it there), so two live buffers never share a block,
+// and only its own owner takes it again.
+#include "host_blocks.h"
+#include "host_pages.h"
+
+#include <sys/mman.h>
+
+namespace remote_accel::host_blocks {
+namespace {
+
+// A cached block serves a request down to this fraction of its size (the rest is unused).
+constexpr size_t kSlackNum = 5, kSlackDen = 4;
+
+void unmap(Block* b) {
+  munmap(b->ptr, b->size);
+  delete b;
+}
+
+void unmap_all(const std::vector<Block*>& gone) {
+  for (Block* b : gone) {
+    unmap(b);
+  }
+}
+
+}  // namespace
+
+Cache::Cache(const char* budget_env, unsigned long long default_mib)
+    : cap_(cache_budget_from_env(budget_env, default_mib)) {}
+
+bool Cache::enabled() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return cap_ > 0;
+}
+
+uint64_t Cache::open() {
+  std::lock_guard<std::mutex> g(mu_);
+  owners_.emplace(++last_owner_, Charge{});
+  return last_owner_;
+}
+
+void Cache::close(uint64_t owner) {
+  std::vector<Block*> gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    owners_.erase(owner);
+    drop_cached(owner, 0, gone);
+  }
+  unmap_all(gone);
+}
+
+Block* Cache::take(size_t nbytes, uint64_t owner, size_t room) {
+  const size_t size = (nbytes + kHugePage - 1) & ~(kHugePage - 1);
+  std::vector<Block*> gone;  // unmapped without the lock
+  Block* cached = nullptr;
+  bool map_new = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto owner_it = owners_.find(owner);
+    if (cap_ == 0 || owner_it == owners_.end()) {
+      return nullptr;
+    }
+    Charge& charge = owner_it->second;
+    for (auto it = free_.lower_bound(size); it != free_.end() && it->first <= size * kSlackNum / kSlackDen; ++it) {
+      if (it->second->owner == owner) {
+        cached = it->second;
+        free_.erase(it);
+        cached_ -= cached->size;
+        charge.cached -= cached->size;
+        break;
+      }
+    }
+    const size_t block_size = cached != nullptr ? cached->size : size;
+    const size_t slack = block_size - nbytes;
+    drop_cached(owner, room >= slack ? room - slack : 0, gone);  // the owner's cache yields first
+    if (charge.extra() + slack > room) {  // its live blocks' rounding leaves no room
+      if (cached != nullptr) {
+        gone.push_back(cached);
+        ++released_;
+        cached = nullptr;
+      }
+    } else {
+      charge.slack += slack;  // counted now, so that no other take() overcommits the room
+      live_ += block_size;
+      if (cached != nullptr) {
+        cached->nbytes = nbytes;
+        ++hits_;
+      } else {
+        map_new = true;
+        ++misses_;
+      }
+    }
+  }
+  unmap_all(gone);
+  if (!map_new) {
+    return cached;
+  }
+  void* ptr = map_prefaulted(size);
+  if (ptr == nullptr) {  // no memory: the caller's ordinary allocator tries, and reports it
+    std::lock_guard<std::mutex> g(mu_);
+    live_ -= size;
+    auto it = owners_.find(owner);
+    if (it != owners_.end()) it->second.slack -= size - nbytes;
+    return nullptr;
+  }
+  return new Block{ptr, size, owner, nbytes, this};
+}
+
+void Cache::release(void* block) {
+  auto* b = static_cast<Block*>(block);
+  if (!b->cache->give(b)) {
+    unmap(b);
+  }
+}
+
+// Keeps `b` for reuse while its owner lives and the budget has room; false: the caller
+// unmaps it.
+bool Cache::give(Block* b) {
+  std::lock_guard<std::mutex> g(mu_);
+  live_ -= b->size;
+  auto it = owners_.find(b->owner);
+  if (it != owners_.end()) it->second.slack -= b->size - b->nbytes;
+  b->nbytes = 0;
+  if (it == owners_.end() || cached_ + b->size > cap_) {
+    ++released_;
+    return false;
+  }
+  free_.emplace(b->size, b);
+  cached_ += b->size;
+  it->second.cached += b->size;
+  return true;
+}
+
+void Cache::fit(uint64_t owner, size_t room) {
+  std::vector<Block*> gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    drop_cached(owner, room, gone);
+  }
+  unmap_all(gone);
+}
+
+size_t Cache::extra(uint64_t owner) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.extra();
+}
+
+Stats Cache::stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  return {static_cast<int64_t>(cached_), static_cast<int64_t>(live_), static_cast<int64_t>(cap_),
+          hits_, misses_, released_};
+}
+
+void Cache::trim(std::optional<size_t> cap) {
+  std::vector<Block*> gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (cap) {
+      cap_ = *cap;
+    }
+    for (auto& [size, b] : free_) {
+      auto it = owners_.find(b->owner);
+      if (it != owners_.end()) it->second.cached -= size;
+      gone.push_back(b);
+    }
+    released_ += static_cast<int64_t>(gone.size());
+    free_.clear();
+    cached_ = 0;
+  }
+  unmap_all(gone);
+}
+
+// mu_ held: takes `owner`'s cached blocks out (largest first, into `gone`, for the caller
+// to unmap without the lock) until its extra is at most `room`
+void Cache::drop_cached(uint64_t owner, size_t room, std::vector<Block*>& gone) {
+  auto owner_it = owners_.find(owner);
+  Charge* charge = owner_it == owners_.end() ? nullptr : &owner_it->second;
+  for (auto it = free_.end(); it != free_.begin();) {
+    --it;
+    if (charge != nullptr && charge->extra() <= room) break;
+    if (it->second->owner != owner) continue;
+    cached_ -= it->second->size;
+    if (charge != nullptr) charge->cached -= it->second->size;
+    gone.push_back(it->second);
+    ++released_;
+    it = free_.erase(it);
+  }
+}
+
+}  // namespace remote_accel::host_blocks
