@@ -93,6 +93,29 @@ def _pipelined(transport, sizes: list[int]) -> None:
     thread.join(RECV_TIMEOUT_S)
 
 
+def test_a_discarded_payload_is_read_through_and_the_next_kept(peer):
+    """A sink may throw payloads away (transport.Discard): the transport reads their bytes
+    without a buffer of their size, and the payloads beside them and the next message land
+    intact. Sizes cross the small buffer's (256 KiB) and a frame's bounds."""
+    from remote_accel.dataplane.transport import Discard
+
+    kept_size = 3 << 20
+    sizes = [1, 5000, kept_size, (256 << 10) * 3 + 17, 9 << 20]
+    payloads = [pattern(n, i) for i, n in enumerate(sizes)]
+    peer.transport.send(MsgType.ECHO, b"discard", payloads, req_id=5)
+    kept = np.empty(kept_size, np.uint8)
+    sink = lambda header, meta, lengths: [Discard(n) if n != kept_size else kept for n in lengths]  # noqa: E731
+    reply = peer.transport.recv(timeout=RECV_TIMEOUT_S, sink=sink)
+    assert (reply.type, reply.req_id, reply.meta) == (MsgType.ECHO_REPLY, 5, b"discard")
+    assert [type(p) for p in reply.payloads] == [Discard, Discard, np.ndarray, Discard, Discard]
+    assert [p.nbytes for p in reply.payloads] == sizes
+    assert_same(kept, payloads[2])
+    after = echo(peer.transport, b"next", [pattern(70000, 9)], req_id=6)
+    assert after.meta == b"next"
+    assert_same(after.payloads[0], pattern(70000, 9))
+
+
+@pytest.mark.slow
 def test_small_and_large_interleaved(peer):
     _pipelined(peer.transport, [64 if i % 2 else (8 << 20) + i for i in range(24)])
 

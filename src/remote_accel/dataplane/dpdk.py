@@ -35,7 +35,7 @@ from .dpdk_eal import (  # noqa: F401  (public names re-exported: this module's 
     pinned_buffer, pool_audit, port_count, port_driver, port_name, port_stats, remove_vdev,
     reset_port_stats, ring_pair, rx_raw, set_fault, setup_port, tx_raw, wire_check, wire_encode)
 from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
-from .transport import Listener, Message, PayloadSink, Transport, byte_view
+from .transport import Discard, Listener, Message, PayloadSink, Transport, byte_view
 
 #: mbufs of a client's pool (one ~16.5 KiB mbuf each over memif): a connection needs a
 #: window of frames each way plus the TX queue; the default (about 128 MiB of hugepages,
@@ -43,6 +43,8 @@ from .transport import Listener, Message, PayloadSink, Transport, byte_view
 CLIENT_MBUFS = 2047
 HEAD_CAP = 64 << 10  # first bytes of a message copied in the first call (prologue + small payloads)
 _IOV_CACHED = 16
+#: Payloads thrown away (transport.Discard) land, piece by piece, in a buffer of this size.
+_SKIP_CHUNK = 256 << 10
 _PEER_GONE = {errno.EPIPE, errno.ECONNRESET, errno.EHOSTDOWN, errno.ENOLINK, errno.ETIMEDOUT,
               errno.EPROTO, errno.ENOTCONN}
 
@@ -104,6 +106,7 @@ class DpdkTransport(Transport):
         self._send_lock = threading.Lock()
         self._head = ffi.new("char[]", HEAD_CAP)
         self._head_view = memoryview(ffi.buffer(self._head, HEAD_CAP))
+        self._skip_buffer = None  # made by the first Discard
         self._info = ffi.new("struct shim_msg_info *")
         self._iov = ffi.new("struct shim_iov[]", _IOV_CACHED)
         self._iov_items = [self._iov[i] for i in range(_IOV_CACHED)]  # views into the array
@@ -352,14 +355,16 @@ class DpdkTransport(Transport):
         head = self._head_view
         try:
             buffers = sink(header, meta, lengths) if sink else [np.empty(m, np.uint8) for m in lengths]
-            views = [byte_view(b) for b in buffers]
+            views = [b if type(b) is Discard else byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
-            if any(v.readonly for v in views):
+            if any(type(v) is not Discard and v.readonly for v in views):
                 raise ValueError("payload sink returned read-only buffers")
         except Exception:  # the message is dropped whole: the link stays usable
             lib.shim_conn_recv_discard(self._c)
             raise
+        if any(type(v) is Discard for v in views):
+            views = self._skip_views(views)
         pos, todo = plen, []
         for v in views:
             if pos < n:
@@ -373,6 +378,23 @@ class DpdkTransport(Transport):
         if todo:
             self._recv_into(todo)
         return Message(header.type, meta, buffers, header.req_id, header.flags)
+
+    def _skip_views(self, views: list) -> list:
+        """A Discard's bytes as views that all land in one small buffer (the shim fills
+        them one after another, so the same memory is simply written again)."""
+        out = []
+        for v in views:
+            if type(v) is not Discard:
+                out.append(v)
+                continue
+            if self._skip_buffer is None:
+                self._skip_buffer = memoryview(np.empty(_SKIP_CHUNK, np.uint8)).cast("B")
+            left = v.nbytes
+            while left:
+                n = min(left, _SKIP_CHUNK)
+                out.append(self._skip_buffer[:n])
+                left -= n
+        return out
 
     def _recv_into(self, views: list) -> None:
         iov = ffi.new("struct shim_iov[]", len(views))

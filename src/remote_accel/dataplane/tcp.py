@@ -23,7 +23,7 @@ from .._version import WIRE_VERSION
 from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
 from .tcp_poll import PollWindow, poll_us_from_env
-from .transport import Listener, Message, PayloadSink, Transport, byte_view, default_sink
+from .transport import Discard, Listener, Message, PayloadSink, Transport, byte_view, default_sink
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ _RECV_CHUNK = 16 << 20
 #: and payload (and a sync point's Batch with the request behind it) at once. Needs of
 #: half this or more go straight into the caller's buffer, as before.
 _READ_AHEAD = 64 << 10
+#: Payloads thrown away (transport.Discard) pass through a buffer of this size.
+_SKIP_CHUNK = 256 << 10
 
 
 class TcpTransport(Transport):
@@ -54,6 +56,7 @@ class TcpTransport(Transport):
         self._closed = False
         self._ahead = bytearray(_READ_AHEAD)  # received, not yet taken: _ahead[_head:_tail]
         self._head = self._tail = 0
+        self._skip_buffer: Optional[memoryview] = None  # made by the first Discard
         self._counters = {"tx_messages": 0, "tx_bytes": 0, "rx_messages": 0, "rx_bytes": 0,
                           "rx_polled": 0, "rx_slept": 0}
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -155,11 +158,14 @@ class TcpTransport(Transport):
                 self.close()
                 raise
             buffers = (sink or default_sink)(header, meta, lengths)
-            views = [byte_view(b) for b in buffers]
+            views = [b if type(b) is Discard else byte_view(b) for b in buffers]
             if [v.nbytes for v in views] != lengths:
                 raise ValueError("payload sink returned buffers of the wrong sizes")
             for v in views:
-                self._recv_exact(v)
+                if type(v) is Discard:
+                    self._skip(v.nbytes)
+                else:
+                    self._recv_exact(v)
         except (socket.timeout, TimeoutError):
             raise self._broken(f"{self.peer} stalled mid-message for {self._stall:.0f} s") from None
         except OSError as exc:
@@ -324,6 +330,16 @@ class TcpTransport(Transport):
             if time.monotonic_ns() >= deadline_ns:
                 return False
             os.sched_yield()
+
+    def _skip(self, nbytes: int) -> None:
+        """Read `nbytes` of the stream and throw them away, through one small buffer."""
+        scratch = self._skip_buffer
+        if scratch is None:
+            scratch = self._skip_buffer = memoryview(bytearray(_SKIP_CHUNK))
+        while nbytes:
+            n = min(nbytes, _SKIP_CHUNK)
+            self._recv_exact(scratch[:n])
+            nbytes -= n
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:
         """Fill `view`: first from the bytes read ahead, then small needs through the

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from .wire import Header
 
 #: Chooses where payloads land: called with the header, the meta bytes and the payload
 #: lengths once the prologue is in, it returns one writable buffer per payload, each of
-#: exactly that length (a numpy array, a CPU tensor's memory, a hugepage buffer...).
+#: exactly that length (a numpy array, a CPU tensor's memory, a hugepage buffer...), or
+#: a Discard of that length for bytes the receiver does not keep.
 PayloadSink = Callable[[Header, bytes, list], Sequence]
+
+
+class Discard(NamedTuple):
+    """A payload the receiver throws away (a write to a storage that could not be made, a
+    benchmark's SINK): the transport reads its bytes through a small buffer of its own, so
+    that a peer cannot make the receiver hold memory by sending bytes nobody keeps. It
+    stands in the received Message's payloads for that payload."""
+
+    nbytes: int
+
 
 
 @dataclass

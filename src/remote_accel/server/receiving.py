@@ -1,16 +1,18 @@
 """A session's receiving side: decode each message as soon as its prologue is in, and
 choose where its payloads land (straight into the destination storage where that is
-safe, else staging, else a scratch buffer for bytes only thrown away).
+safe, else staging, else nowhere: bytes only thrown away).
 
 `Receiving` is a base of Session (session.py), kept apart because this half runs inside
 the transport's recv, as its payload sink, before the message is dispatched. It uses the
-session's table, device, `_stash`, `_scratch`, `_held` and `_scan`.
+session's table, device, `_stash`, `_held` and `_scan`.
 
-What a message makes the server hold outside the storages (the scratch buffer, an echo's
-payload, a CPU server's staging) is charged to the session's memory limit, as storages
-are (StorageTable.hold): a client cannot make the server hold more than its limit by
-sending payloads that land anywhere else. Past the limit the session ends with an out of
-memory error, since the payload bytes in flight cannot be left unread.
+A client cannot make the server hold memory beyond its limit with payloads that land
+outside its storages: bytes nobody keeps (a SINK, a write to a storage that failed to
+allocate) are read through the transport's small buffer (transport.Discard), and what a
+message makes the server hold for a while (an echo's payload) is charged to the
+session's memory limit as storages are (StorageTable.hold) until the message is done. Staged writes are bounded by the limit (_place says why they are not
+charged): past it they are thrown away and reported as out of memory at the next sync,
+as an allocation past it is; an echo past it is answered with that error.
 """
 
 from __future__ import annotations
@@ -18,26 +20,20 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-import numpy as np
 
 from ..dataplane import messages as m
-from ..dataplane.transport import default_sink
+from ..dataplane.transport import Discard, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError
 from . import native, peer
-from .failure import Failure
+from .failure import Failure, oom
 from .placement import Desync, WriteTarget, batch_writes
 from .storage import host_bytes
 
 # Logged as the session: placement is part of serving one client.
 log = logging.getLogger(__package__ + ".session")
 
-#: Payloads the server only throws away (SINK, a WRITE to a bad handle) land in one
-#: reused scratch buffer; one larger than this cannot be taken, and the session ends.
-MAX_DISCARD_BYTES = 2 << 30
 MAX_ECHO_BYTES = 2 << 30
-#: A scratch buffer larger than this is given back after its message instead of kept.
-KEEP_SCRATCH_BYTES = 1 << 20
 
 
 class FastRead(NamedTuple):
@@ -93,7 +89,11 @@ class Receiving:
         if header.type == MsgType.ECHO:
             if header.payload_total > MAX_ECHO_BYTES:
                 raise Desync(f"ECHO of {header.payload_total} bytes exceeds {MAX_ECHO_BYTES}")
-            self._hold(header.payload_total, "an ECHO's payload")
+            try:
+                self._hold(header.payload_total)
+            except Failure as exc:  # read through, and answered with the error
+                self._stash = (header.type, oom(f"an ECHO of {header.payload_total} bytes: {exc}"), None)
+                return self._discard(lengths)
             return default_sink(header, meta, lengths)
         if header.type == MsgType.SINK:
             return self._discard(lengths)
@@ -121,13 +121,15 @@ class Receiving:
             self._stash = (header.type, exc, None)
             return self._discard(lengths)
         staged = sum(n for n, d in zip(lengths, direct) if not d or self.device.accelerator)
-        if self.device.accelerator:
-            # host memory beside a device's: its own limit is the device's, so one
-            # message's staging is bounded by it but not charged to it
-            if staged > self.table.limit:
-                raise Desync(f"{staged} bytes of WRITE payload exceed this session's memory limit", "oom")
-        elif staged:
-            self._hold(staged, "WRITE payload staged before its storage exists")
+        if staged > self.table.limit:
+            # Staging (host memory beside a device's, or a CPU server's until the batch's
+            # ALLOC has run) lasts until the message is done and is bounded by the limit,
+            # not charged to it: an upload is then charged once, as its storage. Past the
+            # limit the writes are thrown away and reported as out of memory.
+            exc = oom(f"{staged} bytes of WRITE payload to stage at once exceed this session's memory "
+                      f"limit ({self.table.limit} bytes)")
+            self._stash = (header.type, request, [WriteTarget(Discard(w.nbytes), error=exc) for w in writes])
+            return [Discard(n) for n in lengths]
         plan = [self._write_target(w, ok) for w, ok in zip(writes, direct)]
         self._stash = (header.type, request, plan)
         return [t.buffer for t in plan]
@@ -146,29 +148,16 @@ class Receiving:
         return WriteTarget(host_bytes(staging), view, staging)
 
     def _discard(self, lengths: list) -> list:
-        need = max(lengths, default=0)
-        if need > MAX_DISCARD_BYTES:
-            raise Desync(f"a payload of {need} bytes cannot be received here")
-        if need > self._scratch.nbytes:
-            self._hold(need - self._scratch.nbytes, "a payload to throw away")
-            self._held -= need - self._scratch.nbytes  # the scratch buffer's, until _received
-            self._scratch = np.empty(need, dtype=np.uint8)
-        return [self._scratch[:n] for n in lengths]
+        return [Discard(n) for n in lengths]
 
-    def _hold(self, nbytes: int, what: str) -> None:
-        """Charge `nbytes` this message makes the server hold until _received()."""
-        try:
-            self.table.hold(nbytes)
-        except Failure:
-            raise Desync(f"{what} of {nbytes} bytes would exceed this session's memory limit "
-                         f"({self.table.charged()} of {self.table.limit} bytes in use)", "oom") from None
+    def _hold(self, nbytes: int) -> None:
+        """Charge `nbytes` this message makes the server hold, until _received(); raises
+        Failure (out of memory) past the session's limit."""
+        self.table.hold(nbytes)
         self._held += nbytes
 
     def _received(self) -> None:
-        """After each message: give back what it held, and a large scratch buffer."""
+        """After each message: give back what it held."""
         if self._held:
             self.table.release(self._held)
             self._held = 0
-        if self._scratch.nbytes > KEEP_SCRATCH_BYTES:
-            self.table.release(self._scratch.nbytes)
-            self._scratch = np.empty(0, dtype=np.uint8)

@@ -21,7 +21,6 @@ import logging
 import time
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 
 from .. import config
@@ -37,7 +36,7 @@ from .executor import Executor
 from .heartbeat import Heartbeat
 from .host import Host
 from .placement import Desync, WriteTarget
-from .receiving import MAX_DISCARD_BYTES, MAX_ECHO_BYTES, FastRead, Receiving  # noqa: F401  (re-exported)
+from .receiving import MAX_ECHO_BYTES, FastRead, Receiving  # noqa: F401  (re-exported)
 from .rng import Generators
 from .storage import StorageTable, host_bytes
 
@@ -86,7 +85,6 @@ class Session(Receiving):
         self.busy_ns = 0  # time spent running one-way requests (ops), for benchmarks
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
-        self._scratch = np.empty(0, dtype=np.uint8)
         self._held = 0  # bytes the message at hand holds outside the storages (receiving.py)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
@@ -271,8 +269,9 @@ class Session(Receiving):
             except ProtocolError as exc:
                 stash = (msg.type, exc, None)
         _, request, plan = stash
-        if isinstance(request, Exception):
-            self._send(m.ErrorReply(failure.PROTOCOL, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
+        if isinstance(request, Exception):  # what placing its payloads found (receiving.py)
+            kind = request.kind if isinstance(request, failure.Failure) else failure.PROTOCOL
+            self._send(m.ErrorReply(kind, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
             return True
         handler = self._handlers.get(msg.type)
         if self.copy_grant is not None and msg.type not in COPY_SESSION_TYPES:
@@ -577,7 +576,7 @@ class Session(Receiving):
 
     def _on_sink(self, request, msg: Message, plan) -> None:
         self.sink_messages += 1
-        self.sink_bytes += sum(len(p) for p in msg.payloads)
+        self.sink_bytes += sum(p.nbytes for p in msg.payloads)  # each a transport.Discard
 
     def _on_peer(self, request, msg: Message, plan) -> None:
         """A half of a server-to-server copy (`peer`): one-way, its error kept for the next sync."""
