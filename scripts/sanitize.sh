@@ -63,7 +63,8 @@ if [[ ${1:-} == --c-parts ]]; then
   "$py" scripts/overlay_package.py "$overlay" \
     "$build"/src/dpdk_shim/_dpdk.cpython-*.so "$build"/src/remote_accel/dataplane/_codec.cpython-*.so
   export PYTHONPATH=$overlay${PYTHONPATH:+:$PYTHONPATH}
-  where=$("$py" -c 'import remote_accel.dataplane._dpdk as m; print(m.__file__)')
+  where=$(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+    ASAN_OPTIONS=detect_leaks=0 "$py" -c 'import remote_accel.dataplane._dpdk as m; print(m.__file__)')
   if [[ $where != "$overlay"/* ]]; then
     echo "[sanitize] $venv's remote_accel is found before PYTHONPATH (an editable install?):" \
       "--c-parts needs a venv built with pip install ." >&2
