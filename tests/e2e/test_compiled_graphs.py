@@ -7,6 +7,7 @@ before and after. Graphs are tiny and few (each compile takes seconds on a small
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -109,6 +110,31 @@ def test_new_shapes_recompile_then_go_dynamic(remote):
     assert stats["graphs_compiled"] == 1 and stats["graph_compiles"] == 3, stats
     assert stats["graph_compile_failures"] == 0
     assert stats["graph_cache_hits"] == 3  # one wire graph per shape, one compiled graph
+
+
+def test_a_transformer_trains_compiled_through_changing_batch_sizes(remote):
+    """A DataLoader's short last batch: Dynamo marks the batch dimension dynamic, and the
+    graphs then compute sizes with Python's operators on SymInts (a view's batch * heads),
+    which compile.py turns into the sizes at hand, one graph per batch size."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), nn.Flatten(),
+                        nn.Linear(16 * 5, 3))
+    model = copy.deepcopy(ref).to("remote_accel")
+    compiled = torch.compile(model)  # the default backend, as a user writes it
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+    for rows in (7, 4, 3, 7, 4):
+        x, y = torch.randn(rows, 5, 16), torch.randn(rows, 3)
+        loss = nn.functional.mse_loss(compiled(x.to("remote_accel")), y.to("remote_accel"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_loss = nn.functional.mse_loss(ref(x), y)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-4, abs=1e-6), rows
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("remote", [{"CXX": "/bin/false", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}],

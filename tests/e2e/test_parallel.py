@@ -183,10 +183,27 @@ def test_torch_compile_around_and_inside(session):
     expected = dp(x).cpu()
     # compiled around: DataParallel's forward runs eagerly under Dynamo, the same result
     assert torch.equal(torch.compile(dp)(x).cpu(), expected)
-    # compiled inside: a clear error, not torch's "cannot enter context" in backward
-    with pytest.raises(NotImplementedError, match="compiled backwards"):
-        DataParallel(torch.compile(model))
     assert torch.equal(DataParallel(torch.compile(model), devices=[0])(x).cpu(), expected)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_compiled_module_inside_trains_as_on_one_device(session, n):
+    """DataParallel(torch.compile(model)): each server runs the compiled replica, forward
+    and backward (two replicas' compiled backwards at once in autograd's device threads
+    fail in torch with "cannot enter context": DataParallel orders them)."""
+    ref = _transformer()
+    model = copy.deepcopy(ref).to("remote_accel:0")
+    dp = DataParallel(torch.compile(model), devices=list(range(n)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(7, 5, 16, generator=gen), torch.randn(7, 3, generator=gen)) for _ in range(3)]
+    before = _counters()
+    losses = _train(dp, opt, batches, "remote_accel:0")
+    assert all(d > 0 for d in _delta(before, _counters(), "round_trips")[:1])
+    assert min(s["graphs"] for s in _counters()[:n]) > 0, "every server ran compiled graphs"
+    assert losses == pytest.approx(_train(ref, ref_opt, batches, "cpu"), rel=1e-4, abs=1e-5)
+    _assert_close_params(model, ref)
 
 
 def test_frozen_parameters_get_no_gradient(session):

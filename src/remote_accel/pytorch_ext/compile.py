@@ -49,6 +49,7 @@ class GraphProgram:
         # server-side table of graphs, even on the same device index
         self.sent_to: weakref.WeakSet = weakref.WeakSet()
         self.constants = _constants_as_inputs(gm)
+        _specialize_size_arithmetic(gm)
         self._uploaded: dict = {}  # (constant number, device index) -> (session, its remote copy)
         slot: dict = {}
         n_inputs = 0
@@ -144,6 +145,31 @@ class GraphProgram:
                 self._uploaded[(k, index)] = (runtime.session(index), remote)
             t = remote
         return t
+
+
+def _specialize_size_arithmetic(gm: torch.fx.GraphModule) -> None:
+    """Replace Python arithmetic on sizes with its value for the sizes at hand.
+
+    With dynamic shapes (Dynamo marks a dimension dynamic once it changed, e.g. a last
+    batch smaller than the others) a graph computes sizes with Python's operators on
+    SymInts (`operator.mul(s0, 2)` before a view), which the server's aten-only graphs
+    cannot hold. Each becomes its int here, which makes Dynamo guard on the sizes it came
+    from: this graph serves these sizes, and others compile a graph of their own, as the
+    result layouts (out_specs) already ask."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or isinstance(node.target, torch._ops.OpOverload):
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+            continue
+        concrete = (int if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool)
+                    else bool if isinstance(value, (torch.SymBool, bool)) else float)(value)
+        node.replace_all_uses_with(concrete)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def _scalar_outputs(gm: torch.fx.GraphModule, positions: tuple) -> torch.fx.GraphModule:

@@ -20,9 +20,9 @@ opposite directions could interleave into a wait that only the copy timeout brea
 waits for bytes from B while B waits for bytes from A); transfer.copy_direct keeps each
 copy's two halves together for the same reason.
 
-Not done yet: a torch.compile'd module inside (torch runs two replicas' compiled
-backwards in one contextvars.Context at once and fails; refused with a clear error);
-torch.compile around DataParallel runs its forward eagerly. Copies do not overlap the
+A torch.compile'd module inside runs compiled on every server, its replicas' backwards
+one after another on the client (_backward_before says why); torch.compile around
+DataParallel runs its forward eagerly. Copies do not overlap the
 backward (the reduce starts once the last replica's backward is done). A server that dies
 in the middle of a step leaves the servers waiting for its copies until the copy
 timeout (server/peer.py's PEER_TIMEOUT_S) before the error reaches this client.
@@ -211,6 +211,50 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[dict[s
 
 
 # -- DataParallel --------------------------------------------------------------------------------
+class _After(torch.autograd.Function):
+    """`t` itself, whose backward must run before `anchor`'s grad_fn may: it hands
+    `anchor` no gradient, but autograd counts the edge, so the node that made `anchor`
+    waits for this one. No byte moves and no server is asked: a view on the client."""
+
+    @staticmethod
+    def forward(ctx, t, anchor):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _backward_before(earlier_outputs: Any, replica: dict) -> None:
+    """Make the next replica's backward run wholly before the previous one's starts.
+
+    Autograd runs each device's part of a backward in that device's own thread, so two
+    replicas' backwards run at once. For eager replicas that is fine (their nodes are
+    C++); a torch.compile'd replica's backward is one Python node that torch runs inside
+    the contextvars.Context backward() stashed for its device threads, and two of them at
+    once fail ("cannot enter context"). Ordering them costs little: a backward here only
+    queues work for its server, and the servers still compute at the same time.
+
+    One of the replica's parameters passes through _After tied to the previous replica's
+    output, so the previous replica's backward waits until this parameter's gradient,
+    and with it this replica's whole backward, is done."""
+    anchor = next((o for o in _tensors(earlier_outputs) if o.requires_grad), None)
+    name = next((n for n, v in replica.items() if v.requires_grad), None)
+    if anchor is not None and name is not None:
+        replica[name] = _After.apply(replica[name], anchor)
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
 def _as_device(d) -> torch.device:
     return torch.device(DEVICE_TYPE, d) if isinstance(d, int) else torch.device(d)
 
@@ -230,13 +274,6 @@ class DataParallel(nn.Module):
         self.devices = resolve_devices(devices)
         self.output_device = self.devices[0] if output_device is None else _as_device(output_device)
         self.dim = dim
-        if hasattr(module, "_orig_mod") and len(self.devices) > 1:  # torch.compile's OptimizedModule
-            # torch runs a compiled backward inside the one contextvars.Context that
-            # backward() stashed for its device threads: two replicas' compiled backwards,
-            # in two devices' threads at once, fail with "cannot enter context"
-            raise NotImplementedError(
-                "remote_accel.parallel.DataParallel of a torch.compile'd module over several servers: torch "
-                "cannot run two compiled backwards in autograd's device threads at once; wrap the plain module")
         check_module_on(module, self.devices[0])
         check_alive(self.devices)
 
@@ -253,8 +290,11 @@ class DataParallel(nn.Module):
         pieces = scatter((inputs, kwargs), self.devices, self.dim)
         devices = self.devices[:len(pieces)]  # a batch smaller than the device list uses fewer
         replicas = replicate(self.module, devices)
+        compiled = hasattr(self.module, "_orig_mod")  # torch.compile's OptimizedModule
         outputs = []
         for dev, tensors, (args, kw) in zip(devices, replicas, pieces):
+            if compiled and outputs:
+                _backward_before(outputs[-1], tensors)
             # the device guard, as nn.DataParallel's threads set theirs: a factory inside
             # forward without a device argument lands on the replica's server
             with torch.remote_accel.device(dev.index):
