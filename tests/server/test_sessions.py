@@ -204,6 +204,29 @@ def test_a_client_pushing_uploads_and_reads_stays_within_its_limit(limited):
     assert limited.alive()
 
 
+def test_kept_plans_count_against_the_limit(limited):
+    """A plan (RunOp.plan) the server keeps for later calls holds memory too: past the
+    limit, defining one more is refused as out of memory (and the op does not run), and
+    defining a kept plan's id again gives its room back first."""
+    with Client.tcp(*limited.tcp, token=limited.token) as c:
+        x = c.upload(torch.zeros(4))
+        args = encode_arg(([x] * 10_000, 1.0))  # about 200 KB as the wire encodes it
+
+        def define(plan):
+            c.send(m.RunOp("aten::_foreach_add_.Scalar", args, {}, (), False, None, plan))
+            c.sync()
+
+        kept = 0
+        with pytest.raises(RemoteOutOfMemoryError, match="memory limit"):
+            for plan in range(1, 20):
+                define(plan)
+                kept += 1
+        assert 1 <= kept < 10
+        assert torch.equal(c.download(x), torch.full((4,), 10_000.0 * kept))
+        define(1)  # plan 1 again: its old definition's room comes back first
+        assert torch.equal(c.download(x), torch.full((4,), 10_000.0 * (kept + 1)))
+
+
 def test_silent_client_is_dropped_and_freed(limited):
     with Client.tcp(*limited.tcp, token=limited.token) as idle, \
             Client.tcp(*limited.tcp, token=limited.token) as observer:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..dataplane import codec
 from ..dataplane.codec import Ext
 from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
@@ -144,3 +145,9 @@ def _graph_value(values: list, payload: Any) -> Any:
 def _has_layout(t: torch.Tensor, ref: TensorRef, device: torch.device) -> bool:
     return (t.device == device and t.dtype == ref.dtype and tuple(t.stride()) == ref.stride
             and t.storage_offset() == ref.offset and not ref.flags and not t.is_conj() and not t.is_neg())
+
+
+def definition_bytes(*fields) -> int:
+    """About what a kept definition (a plan, a graph) holds: its fields as the wire
+    encodes them."""
+    return len(codec.encode(fields))

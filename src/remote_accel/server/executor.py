@@ -30,7 +30,8 @@ from ..torch_wire import sparse as torch_sparse
 from ..torch_wire import values as torch_values
 from . import ops
 from .device import ComputeDevice
-from .exec_values import _count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, _written_holes, flatten
+from .exec_values import (_count_holes, _fill, _graph_value, _has_layout, _settle_lazy_bits, _written_holes,
+                          definition_bytes, flatten)
 from .failure import BAD_HANDLE, OP, Failure
 from .graph_runs import GraphRuns
 from .graphs import CompiledGraph, GraphCompiler
@@ -96,6 +97,11 @@ class Executor(GraphRuns):
         self._graphs: dict[int, tuple[tuple, tuple, Optional[CompiledGraph]]] = {}
         # id -> (the defining RunOp, its holes, (hole, span) of those the op writes)
         self._plans: dict[int, tuple[RunOp, int, tuple]] = {}
+        # what each kept plan and graph definition holds, charged to the session's limit
+        # (StorageTable.hold) while it is kept: a client cannot make the server hold more
+        # than its limit in definitions either
+        self._plan_bytes: dict[int, int] = {}
+        self._graph_bytes: dict[int, int] = {}
         # The storages whose producing op failed (later uses fail with a message that says
         # why) are kept by the C++ side, which also runs ops.
 
@@ -217,10 +223,13 @@ class Executor(GraphRuns):
         if type(msg.plan) is not int or msg.reply:
             raise ProtocolError("RunOp.plan must be an int, and cannot go with reply")
         holes = _count_holes((msg.args, msg.kwargs, msg.outs))
-        if msg.plan not in self._plans and len(self._plans) >= MAX_PLANS:
-            oldest = next(iter(self._plans))
-            del self._plans[oldest]
-            self.native.drop(oldest)
+        if msg.plan in self._plans:
+            self._drop_plan(msg.plan)
+        nbytes = definition_bytes(msg.op, msg.args, msg.kwargs, msg.outs)
+        self.table.hold(nbytes)  # past the limit: Failure (out of memory), nothing kept
+        if len(self._plans) >= MAX_PLANS:
+            self._drop_plan(next(iter(self._plans)))
+        self._plan_bytes[msg.plan] = nbytes
         self._plans[msg.plan] = (RunOp(msg.op, msg.args, msg.kwargs, msg.outs, False, msg.stream), holes,
                                  _written_holes(msg.args, msg.kwargs, _written_arguments(msg.op)))
         self.native.drop(msg.plan)
@@ -489,7 +498,16 @@ class Executor(GraphRuns):
         if is_sid(sid):
             self.native.forget(sid)
 
+    def _drop_plan(self, plan: int) -> None:
+        del self._plans[plan]
+        self.native.drop(plan)
+        self.table.release(self._plan_bytes.pop(plan))
+
     def clear(self) -> None:
         self._graphs.clear()
+        self.table.release(sum(self._graph_bytes.values()) + sum(self._plan_bytes.values()))
+        self._graph_bytes.clear()
+        self._plans.clear()
+        self._plan_bytes.clear()
         self.native.clear_failed()
         self.native.clear_plans()

@@ -13,7 +13,7 @@ from ..dataplane.messages import RunGraph
 from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
 from . import ops
-from .exec_values import flatten
+from .exec_values import definition_bytes, flatten
 from .failure import BAD_HANDLE, Failure
 from .graphs import CompiledGraph, value_signature
 from .storage import TensorRef, ref_parts
@@ -93,6 +93,10 @@ class GraphRuns:
             self._python_ops += 1
         return flatten([self.decode(o, touched, values) for o in outputs])
 
+    def _drop_graph(self, graph_id) -> None:
+        del self._graphs[graph_id]
+        self.table.release(self._graph_bytes.pop(graph_id))
+
     def _graph(self, msg: RunGraph) -> tuple[tuple, tuple, Optional[CompiledGraph]]:
         if not msg.nodes:
             cached = self._graphs.get(msg.graph_id)
@@ -105,12 +109,17 @@ class GraphRuns:
             if (type(node) is not tuple or len(node) != 3 or type(node[0]) is not str
                     or type(node[1]) not in (tuple, list) or type(node[2]) is not dict):
                 raise ProtocolError("graph nodes must be (op, args, kwargs)")
-        self._graphs.pop(msg.graph_id, None)
+        if msg.graph_id in self._graphs:
+            self._drop_graph(msg.graph_id)
+        nbytes = definition_bytes(msg.nodes, msg.outputs)
+        self.table.hold(nbytes)  # past the limit: Failure (out of memory), nothing kept
         held = sum(len(entry[0]) for entry in self._graphs.values())
         while self._graphs and (len(self._graphs) >= MAX_GRAPHS or held + len(msg.nodes) > MAX_GRAPH_NODES):
             oldest = next(iter(self._graphs))
-            held -= len(self._graphs.pop(oldest)[0])
+            held -= len(self._graphs[oldest][0])
+            self._drop_graph(oldest)
         compiled = self.graphs.lookup(msg.nodes, msg.outputs, len(msg.inputs)) if self.graphs else None
         self._graphs[msg.graph_id] = (msg.nodes, msg.outputs, compiled)
+        self._graph_bytes[msg.graph_id] = nbytes
         return msg.nodes, msg.outputs, compiled
 
