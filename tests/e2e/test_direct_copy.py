@@ -5,10 +5,12 @@ over their own connection; the client's byte counters show the bytes did not pas
 """
 
 import os
+import pathlib
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -197,3 +199,33 @@ def _capture_a_copy(a, b, pcap) -> bytes:
         dump.send_signal(signal.SIGINT)
         dump.wait(timeout=20)
     return pcap.read_bytes()
+
+
+LIBS = str(pathlib.Path(__file__).parents[1] / "libs")  # ra_test_ops: ra_test::crash_after ends a server
+
+
+def test_a_copy_whose_source_died_fails_soon_naming_it():
+    """The source server dies before its half of a copy (an earlier op of its client
+    ended it): the destination finds nothing listening there any more and fails the copy,
+    naming the source, instead of waiting out the copy timeout (server/peer.py,
+    PEER_TIMEOUT_S: two minutes) while the client waits at its sync."""
+    sys.path.insert(0, LIBS)
+    import ra_test_ops  # noqa: F401  (the op's schema, on this side too)
+
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [LIBS, os.environ.get("PYTHONPATH")]))}
+    with ServerProcess("--op-namespaces", "ra_test=ra_test_ops", env=env, token="token-a") as a, \
+            ServerProcess(token="token-b") as b:
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token, b.token], timeout=30.0, recovery=False)
+        try:
+            x = torch.arange(4.0).to("remote_accel:0")
+            assert x.sum().item() == 6.0
+            doomed = torch.ops.ra_test.crash_after(x, 1.0)  # server 0 ends a second after it runs
+            y = doomed.to("remote_accel:1")  # a direct copy 0 -> 1, queued before that
+            with pytest.raises(remote_accel.RemoteAccelError, match=r"source server of a copy, .* is gone"):
+                y.cpu()
+            assert b.alive()
+            z = torch.ones(3).to("remote_accel:1")  # the destination's session goes on
+            assert torch.equal((z * 2).cpu(), torch.full((3,), 2.0))
+        finally:
+            remote_accel.shutdown()

@@ -43,3 +43,19 @@ def _crash(x: torch.Tensor) -> torch.Tensor:
 
 _lib.impl("crash", _crash, "CPU")
 _lib.impl("crash", torch.empty_like, "Meta")
+
+# The same after a pause, for a client that must still reach the server after queueing it
+# (the direct-copy tests queue a copy from the server behind it).
+_lib.define("crash_after(Tensor x, float seconds) -> Tensor")
+
+
+def _crash_after(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    import os
+    import time
+
+    time.sleep(seconds)
+    os._exit(3)
+
+
+_lib.impl("crash_after", _crash_after, "CPU")
+_lib.impl("crash_after", lambda x, seconds: torch.empty_like(x), "Meta")

@@ -314,12 +314,15 @@ PEER_TICKET_BYTES = 16
 @_message(MsgType.PEER_RECEIVE)
 class PeerReceive:
     """To the destination: `nbytes` bytes for storage `sid` at byte `offset` will come
-    from another server under `ticket`; later requests wait until they are in."""
+    from another server under `ticket`; later requests wait until they are in. `source`:
+    that server's "host:port", where the client knows it, so that a wait for a source
+    that died ends soon (server/peer.py) instead of at the copy's timeout."""
 
     ticket: bytes
     sid: int
     offset: int
     nbytes: int
+    source: Any = None
 
 
 @_message(MsgType.PEER_SEND)

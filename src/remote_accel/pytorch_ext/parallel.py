@@ -24,8 +24,9 @@ A torch.compile'd module inside runs compiled on every server, its replicas' bac
 one after another on the client (_backward_before says why); torch.compile around
 DataParallel runs its forward eagerly. Copies do not overlap the
 backward (the reduce starts once the last replica's backward is done). A server that dies
-in the middle of a step leaves the servers waiting for its copies until the copy
-timeout (server/peer.py's PEER_TIMEOUT_S) before the error reaches this client.
+in the middle of a step: the servers waiting for its copies find within seconds that
+nothing listens there any more (server/peer.py) and the error, naming it, reaches this
+client at its next sync.
 """
 
 from __future__ import annotations

@@ -310,9 +310,9 @@ class Session:
             if not self._post(messages):
                 self._send_many(messages)
 
-    def peer_receive(self, ticket: bytes, sid: int, offset: int, nbytes: int) -> None:
-        """Tell this server (the destination) that another one will write these bytes."""
-        self._queue_message(m.PeerReceive(ticket, sid, offset, nbytes))
+    def peer_receive(self, ticket: bytes, sid: int, offset: int, nbytes: int, source: "Session") -> None:
+        """Tell this server (the destination) that `source`'s server will write these bytes."""
+        self._queue_message(m.PeerReceive(ticket, sid, offset, nbytes, source.peer_address))
 
     def peer_send(self, ticket: bytes, sid: int, offset: int, nbytes: int, dest: "Session") -> None:
         """Tell this server (the source) to send these bytes to `dest`'s server itself."""

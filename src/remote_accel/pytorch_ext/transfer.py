@@ -174,7 +174,7 @@ def copy_direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     src_sid = handles.announce(src, src_index)
     # the destination first: its half waits for the bytes (and may be asked second too)
     with _PEER_PAIR:
-        dest.peer_receive(ticket, dst_sid, dst.storage_offset() * dst.element_size(), nbytes)
+        dest.peer_receive(ticket, dst_sid, dst.storage_offset() * dst.element_size(), nbytes, source)
         source.peer_send(ticket, src_sid, src.storage_offset() * src.element_size(), nbytes, dest)
     return True
 

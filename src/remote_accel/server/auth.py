@@ -19,7 +19,7 @@ from .._version import __version__ as SERVER_VERSION
 from ..dataplane import handshake as hs
 from ..dataplane import messages as m
 from ..dataplane.wire import type_name
-from ..errors import ConfigError, ProtocolError, TransportError, TransportTimeout
+from ..errors import ConfigError, PeerGone, ProtocolError, TransportError, TransportTimeout
 from . import failure
 from .host import Guest
 
@@ -136,7 +136,10 @@ def _receive(session: Guest, cls, deadline: float) -> Optional[tuple]:
         log.info("%s sent no %s within %.0f s of connecting; closing", transport.peer, what, HANDSHAKE_TIMEOUT_S)
         return None
     except (TransportError, ProtocolError) as exc:
-        log.info("%s dropped before %s: %s", transport.peer, what, exc)
+        # a connection closed before its first message is a port check (another server's
+        # check that a copy's source still listens, server/peer.py; a load balancer's)
+        quiet = cls is m.Hello and isinstance(exc, PeerGone)
+        (log.debug if quiet else log.info)("%s dropped before %s: %s", transport.peer, what, exc)
         return None
     try:
         request = m.decode(msg.type, msg.meta)

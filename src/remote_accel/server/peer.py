@@ -54,6 +54,12 @@ PEER_TIMEOUT_S = 120.0
 #: Connecting and the handshake with the destination.
 CONNECT_TIMEOUT_S = 10.0
 _POLL_S = 0.2
+#: A destination whose copy has not started after this long checks that its source
+#: server still listens (PeerReceive.source), every PROBE_EVERY_S, and gives up after two
+#: refused checks in a row: a source that died mid-step costs its client seconds, not
+#: the copy timeout. A healthy copy starts within milliseconds of its source's turn.
+PROBE_AFTER_S = 3.0
+PROBE_EVERY_S = 1.0
 #: tickets of finished copies remembered, so that a replayed key is refused at once (an
 #: older one is refused all the same once its key expired)
 MAX_USED_TICKETS = 65536
@@ -152,7 +158,9 @@ def on_receive(session, request: m.PeerReceive) -> None:
     copies = server.peer_copies
     copies.expect(request.ticket, slot)
     try:
-        deadline = time.monotonic() + PEER_TIMEOUT_S
+        started = time.monotonic()
+        deadline = started + PEER_TIMEOUT_S
+        probe = _SourceProbe(request.source, started)
         while not slot.done.wait(_POLL_S):
             if server.stopping or session.transport.closed:
                 raise Failure("op", "server shutting down (or the client left) during a copy from another server")
@@ -160,6 +168,7 @@ def on_receive(session, request: m.PeerReceive) -> None:
                 if time.monotonic() > deadline:
                     raise Failure("op", f"a copy from another server did not arrive within {PEER_TIMEOUT_S:.0f} s "
                                         "(is the source server up, and can it reach this one?)")
+                probe.check()
             elif slot.claimed.transport.closed and not slot.done.is_set():  # however long the bytes take
                 raise Failure("op", "the source server's connection dropped in the middle of a copy")
     finally:
@@ -168,6 +177,41 @@ def on_receive(session, request: m.PeerReceive) -> None:
         raise slot.error
     if staging is not None:
         view.copy_(staging, non_blocking=True)
+
+
+class _SourceProbe:
+    """Whether a copy's source server still listens, checked by connecting to it (and
+    closing at once) while the copy has not started (PROBE_AFTER_S)."""
+
+    def __init__(self, source, started: float):
+        self.address = _host_port(source)
+        self.source = source
+        self.next = started + PROBE_AFTER_S
+        self.failed = 0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.address is None or now < self.next:
+            return
+        self.next = now + PROBE_EVERY_S
+        try:
+            socket.create_connection(self.address, timeout=PROBE_EVERY_S).close()
+            self.failed = 0
+        except OSError as exc:
+            self.failed += 1
+            if self.failed >= 2:
+                raise Failure("op", f"the source server of a copy, {self.source}, is gone "
+                                    f"({exc.strerror or exc}): its copy will not come") from None
+
+
+def _host_port(source) -> Optional[tuple]:
+    """("host", port) of a PeerReceive.source "host:port" ("[::1]:port" too); None if absent
+    or malformed (the copy then waits for its timeout, as without a source)."""
+    if type(source) is not str or ":" not in source:
+        return None
+    host, _, port = source.rpartition(":")
+    host = host.strip("[]")
+    return (host, int(port)) if host and port.isdigit() and 0 < int(port) < 65536 else None
 
 
 def place_write(session, request: m.PeerWrite, lengths: list) -> tuple[list, _Slot]:
