@@ -60,10 +60,5 @@ def _collect_sids(value: Any, into: set) -> None:
 
 class Desync(Exception):
     """Raised from the payload sink when a message's payloads cannot be received: the
-    byte stream would be out of step afterwards, so the session must end. `kind`: the
-    error the client is told (failure.py's kinds: protocol, or oom past its limit)."""
-
-    def __init__(self, text: str, kind: str = "protocol"):
-        super().__init__(text)
-        self.kind = kind
+    byte stream would be out of step afterwards, so the session must end."""
 

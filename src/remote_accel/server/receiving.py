@@ -4,15 +4,16 @@ safe, else staging, else nowhere: bytes only thrown away).
 
 `Receiving` is a base of Session (session.py), kept apart because this half runs inside
 the transport's recv, as its payload sink, before the message is dispatched. It uses the
-session's table, device, `_stash`, `_held` and `_scan`.
+session's table, device, `_stash` and `_scan`.
 
 A client cannot make the server hold memory beyond its limit with payloads that land
 outside its storages: bytes nobody keeps (a SINK, a write to a storage that failed to
-allocate) are read through the transport's small buffer (transport.Discard), and what a
-message makes the server hold for a while (an echo's payload) is charged to the
-session's memory limit as storages are (StorageTable.hold) until the message is done. Staged writes are bounded by the limit (_place says why they are not
-charged): past it they are thrown away and reported as out of memory at the next sync,
-as an allocation past it is; an echo past it is answered with that error.
+allocate) are read through the transport's small buffer (transport.Discard), and an
+echo's payload is charged to the session's memory limit as storages are
+(StorageTable.hold) until the echo has been sent back (Session._on_echo). Staged writes
+are bounded by the limit (_place says why they are not charged): past it they are thrown
+away and reported as out of memory at the next sync, as an allocation past it is; an
+echo past it is answered with that error.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Receiving:
             if header.payload_total > MAX_ECHO_BYTES:
                 raise Desync(f"ECHO of {header.payload_total} bytes exceeds {MAX_ECHO_BYTES}")
             try:
-                self._hold(header.payload_total)
+                self.table.hold(header.payload_total)  # released by Session._on_echo
             except Failure as exc:  # read through, and answered with the error
                 self._stash = (header.type, oom(f"an ECHO of {header.payload_total} bytes: {exc}"), None)
                 return self._discard(lengths)
@@ -149,15 +150,3 @@ class Receiving:
 
     def _discard(self, lengths: list) -> list:
         return [Discard(n) for n in lengths]
-
-    def _hold(self, nbytes: int) -> None:
-        """Charge `nbytes` this message makes the server hold, until _received(); raises
-        Failure (out of memory) past the session's limit."""
-        self.table.hold(nbytes)
-        self._held += nbytes
-
-    def _received(self) -> None:
-        """After each message: give back what it held."""
-        if self._held:
-            self.table.release(self._held)
-            self._held = 0

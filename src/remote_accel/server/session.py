@@ -85,7 +85,6 @@ class Session(Receiving):
         self.busy_ns = 0  # time spent running one-way requests (ops), for benchmarks
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
-        self._held = 0  # bytes the message at hand holds outside the storages (receiving.py)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
         self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP connection
@@ -143,7 +142,7 @@ class Session(Receiving):
         timeout = self.server.heartbeat_timeout
         # bound once: each message's path is a few microseconds of Python (issue #20)
         recv, sink, heartbeat, unpin = self.transport.recv, self._sink, self.heartbeat, self.table.native.unpin
-        dispatch, exit_if_device_lost, received = self._dispatch, self.server.exit_if_device_lost, self._received
+        dispatch, exit_if_device_lost = self._dispatch, self.server.exit_if_device_lost
         fast = self._fast_loop()
         if fast is not None:
             recv = functools.partial(self._fast_recv, fast)
@@ -158,8 +157,8 @@ class Session(Receiving):
             except TransportError as exc:
                 return "server shutting down" if self.server.stopping else f"connection lost ({exc})"
             except Desync as exc:
-                self._send_quietly(m.ErrorReply(exc.kind, str(exc), ""))
-                return f"{exc.kind} error: {exc}"
+                self._send_quietly(m.ErrorReply(failure.PROTOCOL, str(exc), ""))
+                return f"protocol error: {exc}"
             except ProtocolError as exc:
                 # A byte stream cannot resynchronise (the transport closed itself); a
                 # message-oriented transport can, and the session goes on.
@@ -173,7 +172,6 @@ class Session(Receiving):
             finally:
                 heartbeat.busy = False
                 unpin(0)  # its storages may be swapped out again
-                received()
             exit_if_device_lost()  # after the reply that says so has left
             if not going_on:
                 return "goodbye"
@@ -572,7 +570,10 @@ class Session(Receiving):
             self._send(m.EventReply(value), msg.req_id)
 
     def _on_echo(self, request: m.Echo, msg: Message, plan) -> None:
-        self._send(m.EchoReply(request.seq), msg.req_id, msg.payloads)
+        try:
+            self._send(m.EchoReply(request.seq), msg.req_id, msg.payloads)
+        finally:  # what receiving.py charged for the payload while it was held
+            self.table.release(sum(len(p) for p in msg.payloads))
 
     def _on_sink(self, request, msg: Message, plan) -> None:
         self.sink_messages += 1

@@ -19,7 +19,7 @@ from ..errors import ProtocolError
 from ..torch_wire import values as torch_values
 from . import native
 from .device import ComputeDevice
-from .failure import bad_handle, oom
+from .failure import bad_handle
 
 #: Larger views are refused: no real tensor has 2**50 elements, and huge expanded views
 #: would only keep a kernel busy.
@@ -140,25 +140,17 @@ class StorageTable:
         """Refuse, before touching the device, what would take the session over its limit.
         What its host blocks hold beyond its storages counts too (dataplane/host_blocks.cpp): its
         cached free blocks make room first, its live blocks' rounding up cannot."""
-        self.native.fit_host(self.limit - self.native.used() - self.native.held() - nbytes)
-        used = self.charged()
-        if nbytes > self.limit - used:
-            raise oom(f"allocating {nbytes} bytes would exceed this session's memory limit "
-                      f"({used} of {self.limit} bytes in use)")
+        self.native.check_fits(nbytes)  # table.cpp: every charge counted in one place
 
     def hold(self, nbytes: int) -> None:
-        """Charge `nbytes` that the server holds for this session outside its storages (a
-        payload's scratch or staging buffer, an echo: receiving.py) until release(nbytes);
-        refused as out of memory past the limit, as a storage would be."""
+        """Charge `nbytes` that the server holds for this session outside its storages (an
+        echo's payload, kept plans and graphs) until release(nbytes); refused as out of
+        memory past the limit, as a storage would be."""
         self.check_fits(nbytes)
         self.native.hold(nbytes)
 
     def release(self, nbytes: int) -> None:
         self.native.hold(-nbytes)
-
-    def charged(self) -> int:
-        """Every byte charged to the limit: storages, held bytes, host blocks' extra."""
-        return self.native.used() + self.native.held() + self.native.host_extra()
 
     def resync(self, sids: Iterable[int]) -> None:
         """Re-count storages an op may have resized (resize_, set_, out= with a wrong size).

@@ -261,17 +261,15 @@ PYBIND11_MODULE(_native, m) {
       // session; fit_host(room) drops cached blocks until that fits in `room`
       .def("host_extra", [](Executor& s) { return s.table().host_extra(); })
       .def("fit_host", [](Executor& s, int64_t room) { s.table().fit_host(room); })
-      // bytes held outside the storages (receiving.py), charged to the limit too
+      // bytes held outside the storages (an echo's payload, kept plans and graphs),
+      // charged to the limit too
       .def("hold", [](Executor& s, int64_t delta) { s.table().hold(delta); })
-      .def("held", [](Executor& s) { return s.table().held(); })
       .def("peak", [](Executor& s) { return s.table().peak(); })
       .def("limit", [](Executor& s) { return s.table().limit(); })
       .def("accounted", [](Executor& s, int64_t sid) { return s.table().accounted(sid); })
       .def("entries", [](Executor& s) { return s.table().entries(); })
-      .def("check_fits", [](Executor& s, int64_t n) {
-        s.table().check_fits(n);
-        s.table().room(n);
-      })
+      // Failure (oom) where `n` more bytes would take the session past its limit
+      .def("check_fits", [](Executor& s, int64_t n) { s.table().check_fits(n); })
       .def("alloc", [](Executor& s, int64_t sid, int64_t n) { s.table().alloc(sid, n); })
       .def("put", [](Executor& s, int64_t sid, const at::Tensor& bytes, bool replace) {
         s.table().put(sid, bytes.storage(), replace);

@@ -77,8 +77,8 @@ class Table {
   int64_t host_extra() const { return static_cast<int64_t>(host_block_cache().extra(owner_)); }
   void fit_host(int64_t room) const { host_block_cache().fit(owner_, static_cast<size_t>(std::max<int64_t>(room, 0))); }
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
-  // Bytes the server holds for this session outside its storages (a payload's scratch or
-  // staging buffer, an echo: receiving.py), charged to its limit as storages are.
+  // Bytes the server holds for this session outside its storages (an echo's payload while
+  // it is sent back, kept plans and graphs: StorageTable.hold), charged as storages are.
   int64_t held() const { return held_.load(std::memory_order_relaxed); }
   void hold(int64_t delta) { held_.fetch_add(delta, std::memory_order_relaxed); }
   // Everything charged to the limit: storages, held bytes, host blocks' extra.
