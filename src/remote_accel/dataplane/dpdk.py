@@ -35,7 +35,7 @@ from .dpdk_eal import (  # noqa: F401  (public names re-exported: this module's 
     pinned_buffer, pool_audit, port_count, port_driver, port_name, port_stats, remove_vdev,
     reset_port_stats, ring_pair, rx_raw, set_fault, setup_port, tx_raw, wire_check, wire_encode)
 from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
-from .transport import Discard, Listener, Message, PayloadSink, Transport, byte_view
+from .transport import DISCARD_CHUNK, Discard, Listener, Message, PayloadSink, Transport, byte_view
 
 #: mbufs of a client's pool (one ~16.5 KiB mbuf each over memif): a connection needs a
 #: window of frames each way plus the TX queue; the default (about 128 MiB of hugepages,
@@ -43,8 +43,6 @@ from .transport import Discard, Listener, Message, PayloadSink, Transport, byte_
 CLIENT_MBUFS = 2047
 HEAD_CAP = 64 << 10  # first bytes of a message copied in the first call (prologue + small payloads)
 _IOV_CACHED = 16
-#: Payloads thrown away (transport.Discard) land, piece by piece, in a buffer of this size.
-_SKIP_CHUNK = 256 << 10
 _PEER_GONE = {errno.EPIPE, errno.ECONNRESET, errno.EHOSTDOWN, errno.ENOLINK, errno.ETIMEDOUT,
               errno.EPROTO, errno.ENOTCONN}
 
@@ -388,10 +386,10 @@ class DpdkTransport(Transport):
                 out.append(v)
                 continue
             if self._skip_buffer is None:
-                self._skip_buffer = memoryview(np.empty(_SKIP_CHUNK, np.uint8)).cast("B")
+                self._skip_buffer = memoryview(np.empty(DISCARD_CHUNK, np.uint8)).cast("B")
             left = v.nbytes
             while left:
-                n = min(left, _SKIP_CHUNK)
+                n = min(left, DISCARD_CHUNK)
                 out.append(self._skip_buffer[:n])
                 left -= n
         return out

@@ -23,7 +23,7 @@ from .._version import WIRE_VERSION
 from ..errors import PeerGone, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
 from .tcp_poll import PollWindow, poll_us_from_env
-from .transport import Discard, Listener, Message, PayloadSink, Transport, byte_view, default_sink
+from .transport import DISCARD_CHUNK, Discard, Listener, Message, PayloadSink, Transport, byte_view, default_sink
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,6 @@ _RECV_CHUNK = 16 << 20
 #: and payload (and a sync point's Batch with the request behind it) at once. Needs of
 #: half this or more go straight into the caller's buffer, as before.
 _READ_AHEAD = 64 << 10
-#: Payloads thrown away (transport.Discard) pass through a buffer of this size.
-_SKIP_CHUNK = 256 << 10
 
 
 class TcpTransport(Transport):
@@ -335,9 +333,9 @@ class TcpTransport(Transport):
         """Read `nbytes` of the stream and throw them away, through one small buffer."""
         scratch = self._skip_buffer
         if scratch is None:
-            scratch = self._skip_buffer = memoryview(bytearray(_SKIP_CHUNK))
+            scratch = self._skip_buffer = memoryview(bytearray(DISCARD_CHUNK))
         while nbytes:
-            n = min(nbytes, _SKIP_CHUNK)
+            n = min(nbytes, DISCARD_CHUNK)
             self._recv_exact(scratch[:n])
             nbytes -= n
 

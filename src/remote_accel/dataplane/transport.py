@@ -30,6 +30,9 @@ class Discard(NamedTuple):
     nbytes: int
 
 
+#: What a transport reads a Discard's bytes through: a buffer of this size, reused.
+DISCARD_CHUNK = 256 << 10
+
 
 @dataclass
 class Message:
