@@ -163,8 +163,12 @@ def _specialize_size_arithmetic(gm: torch.fx.GraphModule) -> None:
         value = node.meta.get("val")
         if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
             continue
-        concrete = (int if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool)
-                    else bool if isinstance(value, (torch.SymBool, bool)) else float)(value)
+        if isinstance(value, (torch.SymBool, bool)):  # before int: a bool is an int too
+            concrete = bool(value)
+        elif isinstance(value, (torch.SymInt, int)):
+            concrete = int(value)
+        else:
+            concrete = float(value)
         node.replace_all_uses_with(concrete)
         gm.graph.erase_node(node)
         changed = True

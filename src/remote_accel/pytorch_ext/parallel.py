@@ -37,6 +37,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_leaves
 
 from ..errors import RemoteAccelError
 
@@ -239,21 +240,11 @@ def _backward_before(earlier_outputs: Any, replica: dict) -> None:
     One of the replica's parameters passes through _After tied to the previous replica's
     output, so the previous replica's backward waits until this parameter's gradient,
     and with it this replica's whole backward, is done."""
-    anchor = next((o for o in _tensors(earlier_outputs) if o.requires_grad), None)
+    anchor = next((o for o in tree_leaves(earlier_outputs) if isinstance(o, torch.Tensor) and o.requires_grad),
+                  None)
     name = next((n for n, v in replica.items() if v.requires_grad), None)
     if anchor is not None and name is not None:
         replica[name] = _After.apply(replica[name], anchor)
-
-
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def _as_device(d) -> torch.device:
