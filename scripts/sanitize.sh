@@ -37,6 +37,9 @@ skip=(
   --deselect "tests/server/test_fast_loop.py::test_a_long_batch_in_the_loop_keeps_sending_heartbeats"
 )
 
+asan_lib=$(gcc -print-file-name=libasan.so)
+ubsan_lib=$(gcc -print-file-name=libubsan.so)
+
 # --c-parts: what CI runs (its time does not allow the full build's ~15 minutes). Only
 # the C that parses a peer's bytes is built with the sanitizers: the DPDK shim (frames,
 # the channel, ra_wire's prologue and CRC) and the C codec, which take ~15 s to build
@@ -63,8 +66,8 @@ if [[ ${1:-} == --c-parts ]]; then
   "$py" scripts/overlay_package.py "$overlay" \
     "$build"/src/dpdk_shim/_dpdk.cpython-*.so "$build"/src/remote_accel/dataplane/_codec.cpython-*.so
   export PYTHONPATH=$overlay${PYTHONPATH:+:$PYTHONPATH}
-  where=$(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
-    ASAN_OPTIONS=detect_leaks=0 "$py" -c 'import remote_accel.dataplane._dpdk as m; print(m.__file__)')
+  where=$(LD_PRELOAD="$asan_lib $ubsan_lib" ASAN_OPTIONS=detect_leaks=0 \
+    "$py" -c 'import remote_accel.dataplane._dpdk as m; print(m.__file__)')
   if [[ $where != "$overlay"/* ]]; then
     echo "[sanitize] $venv's remote_accel is found before PYTHONPATH (an editable install?):" \
       "--c-parts needs a venv built with pip install ." >&2
@@ -75,8 +78,6 @@ fi
 (($#)) || set -- "${default_tests[@]}" "${skip[@]}"
 
 logs=$(mktemp -d /tmp/ra-sanitize.XXXXXX)
-asan_lib=$(gcc -print-file-name=libasan.so)
-ubsan_lib=$(gcc -print-file-name=libubsan.so)
 # detect_leaks: at each process's exit. malloc_context_size=2: an allocation's stack is the
 # allocator and its caller (scripts/lsan.supp says why); rerun a leak with a larger value
 # for its whole stack. print_suppressions=0: a clean run writes nothing.
