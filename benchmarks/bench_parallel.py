@@ -2,10 +2,12 @@
 client CPU per training step, and a projection for 8 GPU servers.
 
     python benchmarks/bench_parallel.py [--servers 1,2,3] [--steps 10] [--batch 256] [--width 512]
-                                        [--depth 2] [--server-threads 1] [--ray] [--json]
+                                        [--depth 2] [--server-threads 1] [--ray | --tls] [--json]
 
 Starts max(--servers) server processes on 127.0.0.1 (or with --ray a remote_accel.ray
-ServerPool on a local Ray cluster), each with --server-threads CPU threads, and for each
+ServerPool on a local Ray cluster; with --tls servers that speak TLS only, with a
+certificate of a CA made for the run, whose direct copies run over TLS too), each with
+--server-threads CPU threads, and for each
 N trains an MLP (--depth blocks of Linear(width, 4 width), ReLU, Linear(4 width, width))
 with SGD: N = 1 is the plain module on one server, N > 1 DataParallel over the first N.
 Every step uploads its batch from this host (as a data loader would) and reads the loss
@@ -121,7 +123,7 @@ def run(n: int, addresses, tokens, args) -> dict:
     import remote_accel
     from remote_accel.parallel import DataParallel
 
-    remote_accel.init(transport="tcp", servers=addresses[:n], tokens=tokens[:n], timeout=120)
+    remote_accel.init(transport="tcp", servers=addresses[:n], tokens=tokens[:n], timeout=120, tls_ca=args.tls_ca)
     try:
         torch.manual_seed(0)
         model = _model(args.width, args.depth).to("remote_accel:0")
@@ -204,9 +206,12 @@ def main(argv=None) -> int:
                    help="achieved TFLOP/s of one GPU server, for the projection (default: 50)")
     p.add_argument("--link-gbps", type=float, default=100.0,
                    help="Gbit/s between two servers, for the projection (default: 100)")
-    p.add_argument("--ray", action="store_true", help="servers from a remote_accel.ray.ServerPool")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--ray", action="store_true", help="servers from a remote_accel.ray.ServerPool")
+    where.add_argument("--tls", action="store_true", help="TLS servers (a CA and certificate made for the run)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     args = p.parse_args(argv)
+    args.tls_ca = None
     counts = sorted({int(c) for c in args.servers.split(",")})
     args.copy_costs = True
     most = max(counts)
@@ -226,16 +231,25 @@ def main(argv=None) -> int:
             pool.shutdown()
             ray.shutdown()
     else:
-        from remote_accel.server.testing import ServerProcess
+        import tempfile
+
+        from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
 
         procs = []
+        pki = tempfile.TemporaryDirectory(prefix="bench-parallel-pki-")
+        tls = ()
+        if args.tls:
+            args.tls_ca = make_ca(pki.name, "ca")
+            cert, key = make_leaf(pki.name, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+            tls = ("--tls-cert", cert, "--tls-key", key)
         try:
             for i in range(most):
-                procs.append(ServerProcess("--threads", str(args.server_threads), token=f"bench-{i}").start())
+                procs.append(ServerProcess("--threads", str(args.server_threads), *tls, token=f"bench-{i}").start())
             rows = [run(n, ["%s:%d" % s.tcp for s in procs], [s.token for s in procs], args) for n in counts]
         finally:
             for s in procs:
                 s.stop()
+            pki.cleanup()
 
     param_bytes = sum(p.numel() * p.element_size() for p in _model(args.width, args.depth).parameters())
     copies = next((r["copies"] for r in rows if "copies" in r), None)
@@ -247,7 +261,7 @@ def main(argv=None) -> int:
     input_bytes = 2 * args.batch * args.width * 4
     print(f"DataParallel, MLP {args.depth} x ({args.width} -> {4 * args.width} -> {args.width}), "
           f"{param_bytes / MIB:.1f} MiB of parameters, batch {args.batch} (inputs {input_bytes / MIB:.2f} MiB), "
-          f"servers of {args.server_threads} thread(s){', Ray pool' if args.ray else ''}")
+          f"servers of {args.server_threads} thread(s){', Ray pool' if args.ray else ''}{', TLS' if args.tls else ''}")
     print(f"{'servers':>7} {'samples/s':>10} {'step ms':>8} {'speedup':>7} {'ceiling':>8} {'client CPU ms':>13} "
           f"{'client tensor B/step':>20} {'client wire B/step':>18} {'server-server B/step':>20}")
     base = rows[0]["samples_per_s"]

@@ -118,10 +118,12 @@ def test_pool_on_ray():
     _pool_rows(lines, 1)
 
 
-def test_parallel_rows_and_projection():
+@pytest.mark.parametrize("tls", [(), ("--tls",)], ids=["tcp", "tls"])
+def test_parallel_rows_and_projection(tls):
     lines = run_bench("bench_parallel.py", "--servers", "1,2", "--steps", "1", "--batch", "8", "--width", "16",
-                      "--depth", "1")
+                      "--depth", "1", *tls)
     assert lines[0].startswith("DataParallel, MLP 1 x (16 -> 64 -> 16)"), lines
+    assert lines[0].endswith(", TLS") == bool(tls), lines
     measured = lines[2:lines.index(next(line for line in lines if line.startswith("ceiling:")))]
     rows = {int(line.split()[0]): numbers(line) for line in measured}
     assert sorted(rows) == [1, 2], lines

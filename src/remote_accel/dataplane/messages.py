@@ -330,7 +330,9 @@ class PeerSend:
     """To the source: send `nbytes` bytes of storage `sid` from byte `offset` to the
     server at `address` ("host:port", TCP), under `ticket`, authenticating with `key`:
     handshake.copy_key(the destination's token, ticket, nbytes, expires), good for this
-    one copy until `expires` (Unix seconds). The destination's token never leaves the client."""
+    one copy until `expires` (Unix seconds). The destination's token never leaves the client.
+    `tls_ca`: for a destination that speaks TLS, the PEM text of the CA the client checks
+    its certificate with (public; the source checks the destination by it too)."""
 
     ticket: bytes
     sid: int
@@ -339,6 +341,7 @@ class PeerSend:
     address: str
     key: str
     expires: int
+    tls_ca: Any = None
 
 
 @_message(MsgType.PEER_WRITE)

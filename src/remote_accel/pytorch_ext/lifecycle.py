@@ -61,9 +61,10 @@ def init(
     token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
       local server wrote); or one token per server of `servers`.
     tokens: one token per server of `servers` (the same as a list for `token`).
-    direct_copies: a tensor moved between two TCP servers (`t.to("remote_accel:1")`)
+    direct_copies: a tensor moved between two TCP or TLS servers (`t.to("remote_accel:1")`)
       goes from one server straight to the other (the source connects to the
-      destination, under the destination's token); False: through this client.
+      destination, under the destination's token; over TLS checking its certificate
+      with tls_ca's CA, which this client hands it); False: through this client.
     timeout: seconds of silence (no reply, no heartbeat) after which the server counts as
       dead or frozen and RemoteAccelError is raised. A sync waits as long as the work
       takes: a working server keeps sending heartbeats (see synchronize(timeout=...) for
@@ -123,6 +124,7 @@ def init(
     else:
         token_sources = [(token, "the token argument") if token is not None else _default_token()] * len(servers)
     tls = _tls_context(tls_ca, tls_cert, tls_key)
+    peer_tls_ca = _ca_text(tls_ca) if tls is not None and direct_copies else None
 
     with runtime.lock:
         if runtime.sessions() and not any(s.alive for s in runtime.sessions()):
@@ -145,6 +147,7 @@ def init(
                     raise
                 if direct_copies:
                     made[-1].peer_address = _peer_address(link, address)
+                    made[-1].peer_tls_ca = peer_tls_ca
                 log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
         except BaseException:
             for s in made:
@@ -231,10 +234,12 @@ def _reconnector(pool, index: int, transport: str, address: Optional[str], port:
 
 
 def _peer_address(link, address: Optional[str]) -> Optional[str]:
-    """The address other servers reach this server at, for direct copies: plain TCP
-    only (a DPDK port has no address another server could use; a TLS server wants a
-    certificate check the source server cannot make)."""
-    if type(link) is not TcpTransport:
+    """The address other servers reach this server at, for direct copies: TCP and TLS
+    (a TLS server is checked by the source server with this client's CA, _ca_text).
+    None over DPDK: a DPDK port is this host's link to the server, with no address
+    another server could reach (the server's own TCP listener, if any, may be bound to
+    an address only it knows)."""
+    if not isinstance(link, TcpTransport):
         return None
     host, port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -251,6 +256,17 @@ def _tls_context(ca: Optional[str], cert: Optional[str], key: Optional[str]):
                               "the server must be checked as well")
         return None
     return client_context(ca, cert, key)
+
+
+def _ca_text(ca: Optional[str]) -> str:
+    """The PEM text of the CA file _tls_context loaded (read once more: an SSLContext
+    does not give its certificates back as PEM)."""
+    path = ca or config.setting(config.ENV_TLS_CA)
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the TLS CA {path}: {exc.strerror or exc}") from None
 
 
 def _default_token() -> tuple[str, str]:

@@ -6,13 +6,13 @@ buffers onto the other devices, runs one replica per server and gathers the outp
 `output_device`. Nothing here waits: every op is queued on its server's session and the
 servers run their replicas at the same time; the first sync point is the user's.
 
-Parameters and gradients move only between servers (transfer.copy_direct over plain TCP
-sessions): each dtype's parameters are flattened into one tensor on devices[0] and sent
+Parameters and gradients move only between servers (transfer.copy_direct over TCP and
+TLS sessions): each dtype's parameters are flattened into one tensor on devices[0] and sent
 down a binomial tree (devices[0] sends log2(N) copies, not N-1), and the backward
 reduces each replica's flat gradient up the mirrored tree, summing where the tensors
 are. One copy per dtype and tree edge, not one per parameter: every direct copy costs a
-connection and a handshake between two servers. Over DPDK and TLS sessions (no peer
-address) the same copies go through this client (a download and an upload).
+connection and a handshake between two servers. Over DPDK sessions (no peer address)
+the same copies go through this client (a download and an upload).
 
 The tree copies run inside one autograd Function, in one thread: autograd runs each
 device's backward in that device's worker thread, and copies issued from two threads in

@@ -82,9 +82,11 @@ class Session:
         self._settled: Optional[int] = None
         self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0,
                          "peer_copies": 0, "peer_bytes": 0}
-        #: "host:port" other servers reach this one at (TCP), and its token: set by init()
-        #: for direct server-to-server copies (None: copies to it go through this client)
+        #: "host:port" other servers reach this one at (TCP or TLS), and its token: set by
+        #: init() for direct server-to-server copies (None: copies to it go through this client)
         self.peer_address: Optional[str] = None
+        #: a TLS server's CA (PEM text), which the source of a copy checks this server by
+        self.peer_tls_ca: Optional[str] = None
         self.token = token
         #: the device's C++ queue (handles.NativeQueue): requests queued there, and the FREE
         #: of storages freed since, leave before anything queued here after them
@@ -290,14 +292,7 @@ class Session:
         self.counters["graphs"] += 1
         if msg.nodes and self._journal is not None:
             self._journal.define_graph(msg.graph_id, m.encode(msg))
-        if msg.nodes or self._sender is None:
-            self._queue_message(msg)
-            return
-        # A rerun by id is small: it follows the queued batch through the sender thread,
-        # instead of waiting here for that batch to leave (about a millisecond a graph
-        # call on 2 shared cores, py-spy). Batch and call go as one entry: one wake-up of
-        # the sender, one transport call (one wake-up of the server).
-        self._post_after_batch((msg.TYPE, m.encode(msg), [], 0))
+        self._queue_message(msg)
 
     def _post_after_batch(self, message: tuple) -> None:
         """The queued batch, then `message` (type, meta, payloads, req_id), as one entry for
@@ -320,12 +315,16 @@ class Session:
         self.counters["peer_bytes"] += nbytes
         expires = handshake.copy_expiry()
         key = handshake.copy_key(dest.token, ticket, nbytes, expires)  # dest's token stays here
-        self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, key, expires))
+        self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, key, expires,
+                                       dest.peer_tls_ca))
 
     def _queue_message(self, msg) -> None:
-        with self._lock:
-            self.flush()
-            self._send(msg, [])
+        """`msg`, a one-way message that cannot go inside a Batch, after the queued batch.
+        Where there is a sender thread both go through it as one entry (one wake-up of the
+        sender, one transport call, one wake-up of the server) instead of this thread
+        waiting for the batch to leave: about a millisecond a graph call on 2 shared cores
+        (py-spy), and DataParallel's copies between servers queue two of these per tensor."""
+        self._post_after_batch((msg.TYPE, m.encode(msg), [], 0))
 
     # -- plumbing ---------------------------------------------------------------------------------
     @property

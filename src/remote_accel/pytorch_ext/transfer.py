@@ -153,7 +153,7 @@ def copy_between(src: torch.Tensor, dst: torch.Tensor, server: OnServer, non_blo
 def copy_direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Copy between two servers without the bytes passing this host (server.peer): two
     small messages, one to each server. False when the destination cannot be reached
-    by the source (not plain TCP, or direct copies turned off at init)."""
+    by the source (a DPDK session, or direct copies turned off at init)."""
     src_index, dst_index = handles.device_index(src), handles.device_index(dst)
     source, dest = runtime.session(src_index), runtime.session(dst_index)
     if dest.peer_address is None or source.peer_address is None:

@@ -304,7 +304,7 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     server = Server(device, token, memory_limit=args.memory_limit, max_clients=args.max_clients,
                     heartbeat_timeout=args.heartbeat_timeout, device_memory=args.device_memory,
-                    swap_space=args.swap_space)
+                    swap_space=args.swap_space, tls_identity=(args.tls_cert, args.tls_key) if args.tls_cert else None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

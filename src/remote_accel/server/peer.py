@@ -4,14 +4,20 @@ The client sends two small requests and no tensor bytes:
 
     client -> B (destination)   PeerReceive(ticket, sid, offset, nbytes)
     client -> A (source)        PeerSend(ticket, sid, offset, nbytes, B's address, key, expires)
-    A -> B                      a TCP connection, the handshake under the copy's key (HELLO
-                                names the copy), then PeerWrite(ticket, nbytes) + the bytes
+    A -> B                      a TCP connection (TLS where B speaks it), the handshake under
+                                the copy's key (HELLO names the copy), then
+                                PeerWrite(ticket, nbytes) + the bytes
     B -> A                      PeerDone(nbytes)
 
 The key is an HMAC under B's token over (ticket, nbytes, expires) (handshake.copy_key): B's
 token never leaves the client, and A's connection may write that one copy and nothing
 else, before the key expires; a replayed key (a ticket B has seen written) is refused at
 once, and so is a PeerWrite from any other connection.
+
+Where B speaks TLS, PeerSend carries the PEM text of the CA the client checks B by (a
+public certificate), and A checks B's certificate and name with it as the client does.
+A presents its own certificate, if it has one (--tls-cert), so that a B that asks for
+client certificates (--tls-client-ca) accepts it where the same CA signed both.
 
 A handles PeerSend in its client's session thread, B handles PeerReceive in its
 client's session thread and PeerWrite in the thread of A's (separate, authenticated)
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +46,7 @@ from .. import config
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.tcp import TcpTransport
+from ..dataplane.tls import TlsTransport
 from ..dataplane.wire import MsgType
 from ..errors import ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
@@ -63,6 +71,8 @@ PROBE_EVERY_S = 1.0
 #: tickets of finished copies remembered, so that a replayed key is refused at once (an
 #: older one is refused all the same once its key expired)
 MAX_USED_TICKETS = 65536
+#: TLS settings kept for copies to TLS destinations, one per CA a client named
+TLS_CONTEXTS_KEPT = 8
 
 
 class _Slot:
@@ -82,7 +92,10 @@ class PeerCopies:
     """A server's expected copies (by ticket) and its peer counters: bytes and copies
     sent to and received from other servers, which never passed through a client."""
 
-    def __init__(self):
+    def __init__(self, tls_identity: Optional[tuple[str, str]] = None):
+        #: this server's (certificate, key) files, shown to a TLS destination that asks
+        self.tls_identity = tls_identity
+        self._tls_contexts: "OrderedDict[str, ssl.SSLContext]" = OrderedDict()  # by CA text
         self._cond = threading.Condition()
         self._slots: dict[bytes, _Slot] = {}
         self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
@@ -90,6 +103,28 @@ class PeerCopies:
         self.bytes_received = 0
         self.copies_sent = 0
         self.copies_received = 0
+
+    def tls_context(self, ca_text: str) -> ssl.SSLContext:
+        """The TLS settings of a copy to a destination checked by `ca_text`; kept for
+        the next copies (a handful of CAs at most: one per client deployment)."""
+        with self._cond:
+            ctx = self._tls_contexts.get(ca_text)
+            if ctx is not None:
+                self._tls_contexts.move_to_end(ca_text)
+                return ctx
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_verify_locations(cadata=ca_text)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ProtocolError(f"PeerSend: the destination's CA is no PEM certificate ({exc})") from None
+        if self.tls_identity is not None:
+            ctx.load_cert_chain(*self.tls_identity)  # checked when the server started
+        with self._cond:
+            self._tls_contexts[ca_text] = ctx
+            while len(self._tls_contexts) > TLS_CONTEXTS_KEPT:
+                self._tls_contexts.popitem(last=False)
+        return ctx
 
     def stats(self) -> dict:
         return {"peer_bytes_sent": self.bytes_sent, "peer_bytes_received": self.bytes_received,
@@ -249,7 +284,13 @@ def on_send(session, request: m.PeerSend) -> None:
         device.synchronize(session._stream)  # noqa: SLF001 (the session lends it)
         view = staging
     host, port = config.parse_host_port(request.address)
-    link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
+    if request.tls_ca is not None:
+        if not isinstance(request.tls_ca, str):
+            raise ProtocolError("PeerSend: tls_ca must be PEM text")
+        tls = session.server.peer_copies.tls_context(request.tls_ca)
+        link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S, tls=tls)
+    else:
+        link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
     try:
         name = f"peer copy from {socket.gethostname()} session {session.number}"
         handshake.client_handshake(link, request.key, name, CONNECT_TIMEOUT_S,

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from typing import Optional
 
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
@@ -43,7 +44,9 @@ DEFAULT_MAX_CLIENTS = 64
 class Server:
     def __init__(self, device: ComputeDevice, token: str, *, memory_limit: int = 0,
                  max_clients: int = DEFAULT_MAX_CLIENTS, heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-                 device_memory: int = 0, swap_space: int = 0):
+                 device_memory: int = 0, swap_space: int = 0, tls_identity: Optional[tuple[str, str]] = None):
+        """tls_identity: the server's (certificate, key) files, which it shows when it
+        copies to another server that asks TLS clients for a certificate."""
         self.device = device
         # what every session's storages may take of the device, and the host memory that
         # takes what does not fit (swap.py); 0: all the device has, no swapping
@@ -54,7 +57,7 @@ class Server:
         self.max_clients = max_clients
         self.heartbeat_timeout = heartbeat_timeout
         self.graphs = GraphCompiler(device)  # compiled RunGraph graphs, shared by every session
-        self.peer_copies = PeerCopies()  # copies to and from other servers (server-to-server)
+        self.peer_copies = PeerCopies(tls_identity)  # copies to and from other servers (server-to-server)
         self.stopping = False
         # The error that made the device unusable; kept so that the tensors its frames
         # hold are never freed (freeing on a lost CUDA context aborts the process).
