@@ -17,7 +17,7 @@ process of its own, local and remote runs alternate for --rounds rounds (a slow 
 of a shared host hits both), and the figures are the medians over the rounds, with each
 round's ratio to local eager. The local runs have OpenMP's default wait policy, as a
 user's training script has it (an OMP_WAIT_POLICY given to this script applies to the
-remote runs alone; the server's own default is PASSIVE)."""
+remote runs alone, whose server inherits it)."""
 
 from __future__ import annotations
 
@@ -168,8 +168,8 @@ def main() -> int:
                                       **REMOTE_RUNS[args.side])
         print(json.dumps({"seconds": seconds, "stats": stats}))
         return 0
-    # OpenMP's default wait policy for the local runs: PASSIVE (which the server needs on a
-    # shared host) makes every parallel region of a local eager step wake sleeping threads
+    # OpenMP's default wait policy for the local runs, as a user's script has it: an
+    # OMP_WAIT_POLICY given to this script is for the server (docs/design/cpu-threads.md)
     local_env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     rounds: list = []  # local and remote alternate, so that a slow spell of the host hits both
     for _ in range(args.rounds):

@@ -36,7 +36,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pause", type=float, default=2.0)
     args = parser.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the server's OpenMP threads must not spin
     import torch
 
     import remote_accel

@@ -56,9 +56,6 @@ class _ServerActor:
     """One remote_accel server, in the actor's own process (Ray's worker)."""
 
     def __init__(self, device: str, host: str, options: list, num_threads: int):
-        # As remote-accel-server does before torch loads: OpenMP threads that spin steal
-        # the cores of the sessions' threads (set again by the pool's runtime_env).
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from .server import __main__ as cli
         from .server import ops
         from .server.device import ComputeDevice, parse_device
@@ -142,7 +139,7 @@ class ServerPool:
         self._driver_ip = ray.util.get_node_ip_address()
         remote = ray.remote(_ServerActor).options(
             max_restarts=max_restarts, max_task_retries=0,
-            runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}, **options)
+            **options)
         self._host = host
         self._actors = [remote.remote(device, host or _HostChoice.token(self._driver_ip), extra, threads)
                         for _ in range(num_servers)]

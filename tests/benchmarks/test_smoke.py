@@ -78,6 +78,13 @@ def test_cpu_bernoulli_table():
         assert re.fullmatch(rf".+?(\s+{NUMBER}){{4}}\s+{NUMBER}x", line), line
 
 
+def test_cpu_wait_rows():
+    lines = run_bench("bench_cpu_wait.py", "--rounds", "1", "--steps", "7")
+    assert lines[1].split()[:2] == ["round", "local"] and "PASSIVE" in lines[1], lines
+    values = numbers(lines[2])
+    assert len(values) == 6 and values[0] == 1 and all(v > 0 for v in values[1:]), lines
+
+
 @pytest.mark.dpdk
 def test_sync_after_idle_slices(need_dpdk):
     lines = run_bench("sync_after_idle.py", "--transport", "dpdk", "--rounds", "2", "--pause", "0.1")

@@ -17,12 +17,6 @@ import sys
 import threading
 from typing import Optional
 
-# Before torch loads OpenMP: its threads otherwise spin between parallel regions, and on
-# a host that the server shares (with its client, with other sessions' transport
-# threads) the spinning takes the cores the next op needs: a tiny Transformer step took
-# 2 s instead of 20 ms on 2 shared cores. An explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from .. import config  # noqa: E402 (after the environment is set)
 from .._version import __version__
 from ..errors import ConfigError, RemoteAccelError
@@ -317,7 +311,9 @@ def main(argv: Optional[list] = None) -> int:
              "%d bytes for all clients, swap space %d bytes, at most %d clients, op namespaces %s", __version__,
              device.name, device.properties()["name"], torch.get_num_threads(), server.session_limit, pool[0],
              pool[1], args.max_clients, ",".join(namespaces))
-    log.debug("token file %s; CPU threads: %s; CPU bernoulli_: %s", token_file, threads_from, bernoulli)
+    if not device.accelerator:  # what a CPU server's speed beside its clients depends on, and why
+        log.info("CPU threads: %s; between ops they %s", cpu_threads.why(threads_from), cpu_threads.wait_policy())
+    log.debug("token file %s; CPU bernoulli_: %s", token_file, bernoulli)
     if metrics is not None:
         from .metrics import registry
 

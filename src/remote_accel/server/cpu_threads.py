@@ -1,4 +1,5 @@
-"""How many CPU threads the server's kernels use (torch's intra-op threads).
+"""How many CPU threads the server's kernels use (torch's intra-op threads), and how those
+threads wait between parallel regions.
 
 By default as many as torch gives a local process on the same host, so that a CPU server
 computes what local CPU computes: reductions split over threads add in a different order
@@ -7,12 +8,17 @@ the server on 1 thread against local CPU on 2; bf16 layer-norm gradients in thei
 bit).
 
 `--threads N` (or an OMP_NUM_THREADS the server starts with) sets the count. On a host the
-server shares with its clients (memif, loopback TCP) fewer threads than cores run small
-models much faster: the server waits passively (OMP_WAIT_POLICY=PASSIVE, __main__.py), so
-every parallel region, MKL's GEMMs included (PyTorch turns MKL's dynamic threading off),
-has to wake sleeping pool threads onto cores the client is using. On 2 shared cores the
-tiny Transformer's compiled training step took 10.4-12.3 ms with 2 threads and 6.2-6.8 ms
-with 1 (docs/design/cpu-threads.md).
+server shares with its clients (memif, loopback TCP) one thread runs small models faster
+still, since the client's own thread needs a core too (docs/design/cpu-threads.md).
+
+The pool threads wait as OpenMP waits by default, as in a local process: they spin a
+while after a parallel region, then sleep (an OMP_WAIT_POLICY the server starts with
+wins). Every MKL GEMM is a parallel region (PyTorch turns MKL's dynamic threading off),
+and a step runs hundreds: with passive waits (OMP_WAIT_POLICY=PASSIVE, the default until
+2026-11-28) each woke a sleeping thread onto a core the client was using, and the tiny
+Transformer's eager step took 14.3-16.6 ms on 2 shared cores against 9.1-9.7 ms with
+OpenMP's default and 6.1-7.1 ms locally (three runs each). The spin is bounded, so an
+idle server sleeps.
 
 The count is set before torch loads, as OMP_NUM_THREADS: OpenMP reads it once, as every
 thread's default, the session threads included (`torch.set_num_threads` changes only the
@@ -27,6 +33,8 @@ from typing import Optional
 
 #: The environment variable OpenMP (and so torch and MKL) reads its thread count from.
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+#: ... and how its threads wait between parallel regions (ACTIVE, PASSIVE; unset: spin, then sleep)
+OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 TORCH_DEFAULT = "torch's default, as in a local process"
 
 
@@ -40,6 +48,23 @@ def choose(requested: Optional[int], environ: Optional[dict] = None) -> tuple:
     if given.isdigit() and int(given) > 0:
         return int(given), OMP_NUM_THREADS
     return None, TORCH_DEFAULT
+
+
+def why(source: str) -> str:
+    """Where the thread count came from (choose's second value), said for the log."""
+    if source == TORCH_DEFAULT:
+        return (f"{TORCH_DEFAULT}, so that results equal local CPU's (--threads 1 runs small models faster "
+                "on a host shared with clients)")
+    return f"as {source} says"
+
+
+def wait_policy(environ: Optional[dict] = None) -> str:
+    """How the kernels' pool threads wait between parallel regions, and why, for the log."""
+    environ = os.environ if environ is None else environ
+    given = environ.get(OMP_WAIT_POLICY, "").strip()
+    if given:
+        return f"{OMP_WAIT_POLICY}={given} from the environment"
+    return "spin a while, then sleep (OpenMP's default, as in a local process)"
 
 
 def apply_before_torch(threads: Optional[int]) -> None:
