@@ -19,18 +19,26 @@ points of issue #20 (sync_points.py: synchronize() with nothing queued, x.sum().
 greedy generate() remote / CPU (skipped, saying so, without the transformers package); and
 what a connected, idle client costs the user's own CPU work (2000 local 256x256
 matmul+tanh in the same process, connected against before init()).
+
+The local baselines run first, in a process of their own with no server alive, on
+torch's default threads (with --server-threads N: on N threads, one core each when N is
+1), as a user's plain script runs; the header says how. Every remote loss (eager MLP,
+compiled MLP, Transformer) is checked against the local one, and a mismatch fails the
+run. The Transformer has no dropout, so that its loss can be checked, and so that the
+server's own CPU bernoulli_ kernel stays in bench_cpu_bernoulli.py's row, not here.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -45,11 +53,23 @@ import sync_points
 from training import training_step  # noqa: E402
 
 
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
 def _step_fn(model, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(32, 64).to(device)
-    y = torch.randint(0, 10, (32,)).to(device)
+    data = torch.Generator().manual_seed(1)  # the same batch in every process
+    x = torch.randn(32, 64, generator=data).to(device)
+    y = torch.randint(0, 10, (32,), generator=data).to(device)
     return training_step(model, opt, x, y)
+
+
+def _timed_loss(step, steps: int, warmup: int = 2) -> tuple[float, float]:
+    """(median seconds per step, the loss of one more step): local and remote take the
+    same number of steps, warm-up included, so that their losses can be compared."""
+    return median_seconds(step, steps, warmup), step()
 
 
 CHAIN_OPS = 40_000
@@ -121,8 +141,10 @@ def _kernel() -> float:
 
 
 def _transformer_step_fn(device):
+    # no dropout: the loss is checked against local, and the server's own CPU bernoulli_
+    # kernel (bench_cpu_bernoulli.py) stays out of this row
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(8, 32, 64).to(device)
@@ -168,45 +190,68 @@ def measure(transport_name: str, steps: int, sync_only: bool = False, server_thr
             rates.append(n / (time.perf_counter() - start))
         enqueue, ops_per_s = statistics.median(enqueues), statistics.median(rates)
 
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-        local = median_seconds(_step_fn(copy.deepcopy(model), "cpu"), steps)
-        remote_step = _step_fn(copy.deepcopy(model).to("remote_accel"), "remote_accel")
+        remote_step = _step_fn(_mlp().to("remote_accel"), "remote_accel")
         before = session.counters["round_trips"]
-        remote = median_seconds(remote_step, steps)
-        trips = (session.counters["round_trips"] - before) / (steps + 2)
-        compiled_model = torch.compile(copy.deepcopy(model).to("remote_accel"), backend="remote_accel")
+        remote, remote_loss = _timed_loss(remote_step, steps)
+        trips = (session.counters["round_trips"] - before) / (steps + 3)
+        compiled_model = torch.compile(_mlp().to("remote_accel"), backend="remote_accel")
         compiled_step = _step_fn(compiled_model, "remote_accel")
         compiled_step()  # sends the graphs: time the steps once the server runs them compiled,
         wait_for_compiles(session)  # not while its compiler thread takes a core
-        compiled = median_seconds(compiled_step, steps)
-        local_compiled = median_seconds(_step_fn(torch.compile(copy.deepcopy(model)), "cpu"), steps)
+        compiled, compiled_loss = _timed_loss(compiled_step, steps, warmup=1)  # one step already taken
 
-        local_runs = [_chain("cpu") for _ in range(3)]
-        chain_local = statistics.median(t for t, _ in local_runs)
-        runs = [_timed_remote(_chain, session, local_runs[0][1]) for _ in range(3)]
+        # the chains' results, computed here (untimed) to check the remote ones against
+        runs = [_timed_remote(_chain, session, _chain("cpu")[1]) for _ in range(3)]
         chain_remote = statistics.median(t for t, _ in runs)
         server_per_op = statistics.median(b for _, b in runs)
-        kernel = statistics.median(_kernel() for _ in range(3))
-        local_runs = [_out_of_place_chain("cpu") for _ in range(3)]
-        oop_local = statistics.median(t for t, _ in local_runs)
-        oop_remote = statistics.median(_timed_remote(_out_of_place_chain, session, local_runs[0][1])[0]
-                                       for _ in range(3))
+        expected = _out_of_place_chain("cpu")[1]
+        oop_remote = statistics.median(_timed_remote(_out_of_place_chain, session, expected)[0] for _ in range(3))
 
-        tf_local = median_seconds(_transformer_step_fn("cpu"), steps)
-        tf_remote = median_seconds(_transformer_step_fn("remote_accel"), steps)
+        tf_remote, tf_remote_loss = _timed_loss(_transformer_step_fn("remote_accel"), steps)
         remote_accel.shutdown()
     return {
         "transport": transport_name, "enqueue_us": enqueue * 1e6, "add_ops_per_s": ops_per_s, "trips": trips,
-        "mlp_local_ms": local * 1e3, "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3,
-        "mlp_local_compiled_ms": local_compiled * 1e3,
-        "chain_remote_ops_per_s": CHAIN_OPS / chain_remote, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
-        "oop_remote_ops_per_s": CHAIN_OPS / oop_remote, "oop_local_ops_per_s": CHAIN_OPS / oop_local,
-        "server_us_per_op": server_per_op * 1e6, "kernel_us": kernel * 1e6,
-        "tf_local_ms": tf_local * 1e3, "tf_remote_ms": tf_remote * 1e3,
+        "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3, "mlp_remote_loss": remote_loss,
+        "mlp_compiled_loss": compiled_loss, "chain_remote_ops_per_s": CHAIN_OPS / chain_remote,
+        "oop_remote_ops_per_s": CHAIN_OPS / oop_remote, "server_us_per_op": server_per_op * 1e6,
+        "tf_remote_ms": tf_remote * 1e3, "tf_remote_loss": tf_remote_loss,
         "idle_connected_s": connected, "idle_unconnected_s": unconnected, "idle_cpu": idle_cpu,
         **syncs, **generate,
     }
+
+
+def measure_local(steps: int, threads: int = 0) -> dict:
+    """The local baselines, in a process of their own with no server running (main runs
+    this as a child first): what a user's plain script gets. `threads`: torch's threads
+    (0: its default)."""
+    if threads:
+        torch.set_num_threads(threads)
+    local, local_loss = _timed_loss(_step_fn(_mlp(), "cpu"), steps)
+    local_compiled, _ = _timed_loss(_step_fn(torch.compile(_mlp()), "cpu"), steps)
+    chain_local = statistics.median(_chain("cpu")[0] for _ in range(3))
+    oop_local = statistics.median(_out_of_place_chain("cpu")[0] for _ in range(3))
+    kernel = statistics.median(_kernel() for _ in range(3))
+    tf_local, tf_local_loss = _timed_loss(_transformer_step_fn("cpu"), steps)
+    return {"local_threads": torch.get_num_threads(), "mlp_local_ms": local * 1e3, "mlp_local_loss": local_loss,
+            "mlp_local_compiled_ms": local_compiled * 1e3, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
+            "oop_local_ops_per_s": CHAIN_OPS / oop_local, "kernel_us": kernel * 1e6, "tf_local_ms": tf_local * 1e3,
+            "tf_local_loss": tf_local_loss}
+
+
+#: remote loss key -> the local loss it must match, and how closely (float reassociation:
+#: the server's compiled graphs fuse, and its threads may split a reduction differently)
+LOSS_CHECKS = {"mlp_remote_loss": "mlp_local_loss", "mlp_compiled_loss": "mlp_local_loss",
+               "tf_remote_loss": "tf_local_loss"}
+LOSS_RTOL = 1e-3
+
+
+def check_losses(result: dict) -> None:
+    """SystemExit when a remote run's loss is not the local run's: a benchmark of wrong
+    results measures nothing."""
+    for remote, local in LOSS_CHECKS.items():
+        if remote in result and not math.isclose(result[remote], result[local], rel_tol=LOSS_RTOL, abs_tol=1e-6):
+            raise SystemExit(f"{result['transport']}: {remote} {result[remote]!r} is not {local} "
+                             f"{result[local]!r} (relative tolerance {LOSS_RTOL})")
 
 
 def _generate_row(r: dict) -> str:
@@ -275,34 +320,57 @@ def main() -> int:
                         help=f"ops per tiny-op chain (default: {CHAIN_OPS})")
     parser.add_argument("--idle-matmuls", type=int, default=sync_points.IDLE_MATMULS,
                         help=f"local matmuls of the idle-client rows (default: {sync_points.IDLE_MATMULS})")
+    parser.add_argument("--side", choices=("local", "remote"), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
     if args.chain_ops < 2 or args.idle_matmuls < 1:
         parser.error("--chain-ops is at least 2, --idle-matmuls at least 1")
     _set_sizes(args.chain_ops, args.idle_matmuls)
-    if args.transport != "both":
-        result = measure(args.transport, args.steps, args.sync_only, args.server_threads)
-        print(json.dumps(result) if args.json else "\n".join(f"{_name(n):48s} {_cell(f, result)}" for n, f in ROWS))
+    if args.side == "local":
+        print(json.dumps(measure_local(args.steps, args.server_threads)))
         return 0
-    # A process per transport: the device and DPDK's EAL are set up once per process.
+    if args.side == "remote":
+        print(json.dumps(measure(args.transport, args.steps, args.sync_only, args.server_threads)))
+        return 0
+    # The local baselines first, in a clean process with no server alive (one core each
+    # with --server-threads: local on as many threads); then a process per transport (the
+    # device and DPDK's EAL are set up once per process).
+    local = {} if args.sync_only else _child(args, "local", "tcp")  # (no transport: any valid one)
     results = []
-    for transport in ("tcp", "dpdk"):
-        child = subprocess.run([sys.executable, __file__, "--transport", transport, "--steps", str(args.steps),
-                                "--server-threads", str(args.server_threads), "--chain-ops", str(args.chain_ops),
-                                "--idle-matmuls", str(args.idle_matmuls), "--json"]
-                               + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
-        lines = child.stdout.strip().splitlines()
-        if child.returncode != 0 or not lines:
-            print(f"{transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)
-            continue
-        results.append(json.loads(lines[-1]))
+    for transport in (("tcp", "dpdk") if args.transport == "both" else (args.transport,)):
+        remote = _child(args, "remote", transport)
+        if remote is not None:
+            results.append({**remote, **(local or {})})
+    if local is None or len(results) < (2 if args.transport == "both" else 1):
+        return 1
+    for result in results:
+        check_losses(result)
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(results if args.transport == "both" else results[0]))
         return 0
+    server = f"{args.server_threads} CPU thread(s)" if args.server_threads else "its default CPU threads"
+    where = (f"local: {local['local_threads']} thread(s), torch's default unless --server-threads" if local
+             else "no local runs")
+    print(f"server: {server}; {where}, in a process of its own before any server started; "
+          f"remote losses checked against local (rtol {LOSS_RTOL})")
     print(f"{'':48s} " + " ".join(f"{r['transport']:>30s}" for r in results))
     for name, fmt in ROWS:
         print(f"{_name(name):48s} " + " ".join(f"{_cell(fmt, r):>30s}" for r in results))
     print(IDLE_NOTE)
-    return 0 if len(results) == 2 else 1
+    return 0
+
+
+def _child(args, side: str, transport: str) -> Optional[dict]:
+    """This script's `side` part (local baselines, or one transport's remote figures) in a
+    process of its own: its JSON line; None, saying why, when it failed."""
+    child = subprocess.run([sys.executable, __file__, "--side", side, "--transport", transport,
+                            "--steps", str(args.steps), "--server-threads", str(args.server_threads),
+                            "--chain-ops", str(args.chain_ops), "--idle-matmuls", str(args.idle_matmuls)]
+                           + (["--sync-only"] if args.sync_only else []), capture_output=True, text=True)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        print(f"{side} {transport}: failed\n{child.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
 
 
 if __name__ == "__main__":

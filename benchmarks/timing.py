@@ -32,10 +32,20 @@ def median_seconds(fn, n: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def wait_for_compiles(session, limit_s: float = 1800.0) -> None:
+def wait_for_compiles(session, limit_s: float = 1800.0, failures_fail: bool = True) -> None:
     """Until the server has compiled (or given up on) every graph it holds, at most
     `limit_s`: steps timed while its compiler thread works would measure node-by-node
-    replay and the compiler, not the compiled code."""
+    replay and the compiler, not the compiled code. A graph it gave up on would be timed
+    replayed node by node: SystemExit then, unless `failures_fail` is False (a caller
+    that reports the failures itself)."""
+    _wait_until_compiled(session, limit_s)
+    failures = session.stats()["graph_compile_failures"]
+    if failures and failures_fail:
+        raise SystemExit(f"the server failed to compile {failures} graph(s) (its log says why): the compiled "
+                         "steps would be timed replayed node by node")
+
+
+def _wait_until_compiled(session, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         stats = session.stats()

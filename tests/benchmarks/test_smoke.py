@@ -195,6 +195,8 @@ def test_device_rows_over_memif(need_dpdk):
     lines = run_bench("bench_device.py", "--transport", "dpdk", "--steps", "1", "--chain-ops", "200",
                       "--idle-matmuls", "10")
     text = "\n".join(lines)
+    # the local baselines ran in a clean process, and the remote losses matched them
+    assert lines[0].startswith("server: its default CPU threads; local: ") and "losses checked" in lines[0], text
     for label in ("tiny-op chain, remote (ops/s)", "tiny-op chain, local (ops/s)",
                   "out-of-place chain y = x + 1.0, remote (ops/s)", "16x16 add_ ops per second end to end",
                   "round trips per eager MLP step", "MLP step local compiled (Inductor) (ms)",
@@ -215,7 +217,8 @@ def test_device_rows_over_memif(need_dpdk):
 def test_device_sync_points_both_transports(need_dpdk):
     """The default --transport both: a process per transport, one table with a column each."""
     lines = run_bench("bench_device.py", "--steps", "1", "--sync-only", "--idle-matmuls", "10")
-    assert lines[0].split() == ["tcp", "dpdk"], lines
+    assert lines[0].startswith("server: its default CPU threads; no local runs"), lines
+    assert lines[1].split() == ["tcp", "dpdk"], lines
     for label in ("synchronize() with nothing queued (us)", "x.sum().item() (us)",
                   "(x + 1).sum().item() (us)", "x.cpu(), 16 floats (us)"):
         assert len(numbers(row(lines, label))) == 2, (label, lines)
