@@ -11,6 +11,7 @@ as a training loop's batches do (GB/s counts the bytes both ways).
     python benchmarks/bench_dataplane.py --idle-ms 20     # idle RTT: each round trip after 20 ms of silence
     python benchmarks/bench_dataplane.py --json
     python benchmarks/bench_dataplane.py --user-size 0     # transport level only
+    python benchmarks/bench_dataplane.py --only dpdk,tcp --sweep   # + sizes, many tensors, a model's .to()
 
 The far end is this script in peer mode (`--peer tcp|dpdk`), in another process: it
 receives bulk messages into one reused buffer (so page faults of fresh memory do not
@@ -244,6 +245,88 @@ def user_main(kind: str, size: int, rounds: int) -> int:
     return 0
 
 
+#: the size sweep's layouts: (label, tensor bytes, how many)
+SWEEP = (("64 KiB", 64 << 10, 1), ("1 MiB", MIB, 1), ("16 MiB", 16 * MIB, 1), ("256 MiB", 256 * MIB, 1),
+         ("512 MiB as 8 x 64 MiB", 64 * MIB, 8), ("512 MiB as 32 x 16 MiB", 16 * MIB, 32),
+         ("512 MiB as 128 x 4 MiB", 4 * MIB, 128), ("512 MiB as 512 x 1 MiB", MIB, 512))
+#: the model whose first .to("remote_accel") the sweep times: 30 Linear(2048, 2048), 504 MB
+MODEL_LAYERS, MODEL_WIDTH = 30, 2048
+
+
+def sweep_main(kind: str) -> int:
+    """In a process of its own: a real server on CPU, then each SWEEP layout up
+    (`.to("remote_accel")` of fresh client tensors, until the server has them) and down
+    (`.cpu()`), twice: round 1 is the first use of that much memory on both sides (fresh
+    pages), round 2 reuses what round 1 freed. Then a model's first `.to()` and its
+    `.cpu()`. Every download is checked against what went up. Prints JSON."""
+    import torch
+    import torch.nn as nn
+
+    import remote_accel
+    from remote_accel.server.testing import ServerProcess
+
+    out = {}
+    with ServerProcess("--transport", "tcp" if kind == "tcp" else "tcp,dpdk") as server:
+        host, port = server.tcp
+        os.environ.update(server.client_env())
+        remote_accel.init(transport=kind, server=f"{host}:{port}", token=server.token)
+        gen = torch.Generator().manual_seed(3)
+        model = nn.Sequential(*(nn.Linear(MODEL_WIDTH, MODEL_WIDTH) for _ in range(MODEL_LAYERS)))
+        for label, nbytes, count in SWEEP:
+            for rnd in (1, 2):
+                xs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, generator=gen)
+                      for _ in range(count)]
+                started = time.perf_counter()
+                ys = [x.to("remote_accel") for x in xs]
+                torch.remote_accel.synchronize()
+                up = time.perf_counter() - started
+                started = time.perf_counter()
+                zs = [y.cpu() for y in ys]
+                down = time.perf_counter() - started
+                if not all(torch.equal(x, z) for x, z in zip(xs, zs)):
+                    raise SystemExit(f"{kind} {label}: a tensor came back different")
+                total = nbytes * count
+                out[f"{label} round {rnd}"] = {"up_gbps": total / up / 1e9, "down_gbps": total / down / 1e9}
+                del xs, ys, zs
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        weight = model[0].weight.detach().clone()
+        started = time.perf_counter()
+        model.to("remote_accel")
+        torch.remote_accel.synchronize()
+        up = time.perf_counter() - started
+        started = time.perf_counter()
+        model.to("cpu")
+        down = time.perf_counter() - started
+        if not torch.equal(model[0].weight, weight):
+            raise SystemExit(f"{kind}: the model's weights came back different")
+        out[f"model .to(), {total / 1e6:.0f} MB"] = {"up_gbps": total / up / 1e9, "down_gbps": total / down / 1e9}
+        remote_accel.shutdown()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def sweep_table(results: dict) -> str:
+    """results: transport -> sweep_main's rows."""
+    kinds = list(results)
+    head = f"{'user sweep, GB/s one way':34}" + "".join(f" {k + ' up':>10} {k + ' down':>10}" for k in kinds)
+    lines = [head]
+    for label in next(iter(results.values())):
+        lines.append(f"{label:34}" + "".join(f" {results[k][label]['up_gbps']:10.2f} "
+                                             f"{results[k][label]['down_gbps']:10.2f}" for k in kinds))
+    lines.append("(up: .to('remote_accel') of fresh client tensors until the server holds them; down: .cpu(); "
+                 "round 1: memory first used on both sides, round 2: what round 1 freed; each checked)")
+    return "\n".join(lines)
+
+
+def run_sweep(kind: str) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--sweep-peer", kind]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=1800)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"sweep {kind} failed (rc {out.returncode}): {out.stdout[-2000:]}")
+    return json.loads(lines[-1])
+
+
 def run_user(kind: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--user-peer", kind, "--user-size", str(args.user_size),
            "--user-rounds", str(args.user_rounds)]
@@ -320,8 +403,12 @@ def main(argv=None) -> int:
     p.add_argument("--user-size", type=int, default=256 * MIB,
                    help="user-level round trip tensor bytes (default 256 MiB; 0: skip)")
     p.add_argument("--user-rounds", type=int, default=10, help="user-level round trips (default 10)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also tensors of 64 KiB to 256 MiB, 512 MiB as many tensors and a 504 MB model's .to(), "
+                        "up and down apart, through a real server (memif and TCP as --only has them)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--user-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
+    p.add_argument("--sweep-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--peer", choices=("tcp", "tls", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--cert", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -329,6 +416,8 @@ def main(argv=None) -> int:
         return peer_main(args.peer, args.busy_poll, args.size, args.fresh, args.cert, not args.no_doorbell)
     if args.user_peer:
         return user_main(args.user_peer, args.user_size, args.user_rounds)
+    if args.sweep_peer:
+        return sweep_main(args.sweep_peer)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
     dpdk_stats = None
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
@@ -349,11 +438,16 @@ def main(argv=None) -> int:
         if "tcp" in args.only:
             rows["user tcp"] = run_user("tcp", args)
             rows["user tcp"].pop("stats")
+    sweep = {}
+    if args.sweep:
+        sweep = {name: run_sweep(kind) for kind, name in (("dpdk", "memif"), ("tcp", "tcp")) if kind in args.only}
     if args.json:
-        print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "user_dpdk_stats": user_stats,
+        print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "user_dpdk_stats": user_stats, "sweep": sweep,
                           "args": vars(args)}, indent=2))
     else:
         print(table(rows, args.small, args.user_size, args.idle_ms))
+        if sweep:
+            print(sweep_table(sweep))
         if dpdk_stats:
             print(f"dpdk: {dpdk_stats['tx_frames']} frames, {dpdk_stats['tx_zero_copy_frames']} zero-copy, "
                   f"{dpdk_stats['tx_retransmits']} retransmitted; busy poll: {args.busy_poll}; "
