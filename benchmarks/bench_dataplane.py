@@ -245,15 +245,27 @@ def user_main(kind: str, size: int, rounds: int) -> int:
     return 0
 
 
-#: the size sweep's layouts: (label, tensor bytes, how many)
-SWEEP = (("64 KiB", 64 << 10, 1), ("1 MiB", MIB, 1), ("16 MiB", 16 * MIB, 1), ("256 MiB", 256 * MIB, 1),
-         ("512 MiB as 8 x 64 MiB", 64 * MIB, 8), ("512 MiB as 32 x 16 MiB", 16 * MIB, 32),
-         ("512 MiB as 128 x 4 MiB", 4 * MIB, 128), ("512 MiB as 512 x 1 MiB", MIB, 512))
-#: the model whose first .to("remote_accel") the sweep times: 30 Linear(2048, 2048), 504 MB
-MODEL_LAYERS, MODEL_WIDTH = 30, 2048
+#: the size sweep: one tensor of each of these sizes up to half of --sweep-mib; then
+#: --sweep-mib as tensors of each of these sizes below it; then a model of 30
+#: Linear(MODEL_WIDTH, MODEL_WIDTH) layers (504 MB) per 512 MiB of --sweep-mib, at least one
+SWEEP_SINGLE = (64 << 10, MIB, 16 * MIB, 256 * MIB)
+SWEEP_MANY = (64 * MIB, 16 * MIB, 4 * MIB, MIB)
+MODEL_WIDTH = 2048
 
 
-def sweep_main(kind: str) -> int:
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= MIB else f"{nbytes >> 10} KiB"
+
+
+def sweep_layouts(total_mib: int) -> list:
+    """(label, tensor bytes, how many) of a sweep over `total_mib` MiB."""
+    total = total_mib * MIB
+    out = [(_size(n), n, 1) for n in SWEEP_SINGLE if n <= total // 2]
+    out += [(f"{_size(total)} as {total // n} x {_size(n)}", n, total // n) for n in SWEEP_MANY if n < total]
+    return out
+
+
+def sweep_main(kind: str, total_mib: int) -> int:
     """In a process of its own: a real server on CPU, then each SWEEP layout up
     (`.to("remote_accel")` of fresh client tensors, until the server has them) and down
     (`.cpu()`), twice: round 1 is the first use of that much memory on both sides (fresh
@@ -271,8 +283,9 @@ def sweep_main(kind: str) -> int:
         os.environ.update(server.client_env())
         remote_accel.init(transport=kind, server=f"{host}:{port}", token=server.token)
         gen = torch.Generator().manual_seed(3)
-        model = nn.Sequential(*(nn.Linear(MODEL_WIDTH, MODEL_WIDTH) for _ in range(MODEL_LAYERS)))
-        for label, nbytes, count in SWEEP:
+        layers = max(1, total_mib * 30 // 512)
+        model = nn.Sequential(*(nn.Linear(MODEL_WIDTH, MODEL_WIDTH) for _ in range(layers)))
+        for label, nbytes, count in sweep_layouts(total_mib):
             for rnd in (1, 2):
                 xs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, generator=gen)
                       for _ in range(count)]
@@ -318,8 +331,8 @@ def sweep_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run_sweep(kind: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--sweep-peer", kind]
+def run_sweep(kind: str, total_mib: int) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--sweep-peer", kind, "--sweep-mib", str(total_mib)]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=1800)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -406,6 +419,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="also tensors of 64 KiB to 256 MiB, 512 MiB as many tensors and a 504 MB model's .to(), "
                         "up and down apart, through a real server (memif and TCP as --only has them)")
+    p.add_argument("--sweep-mib", type=int, default=512,
+                   help="the sweep's many-tensor total and model size, MiB; single tensors up to half (default 512)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--user-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--sweep-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
@@ -417,7 +432,7 @@ def main(argv=None) -> int:
     if args.user_peer:
         return user_main(args.user_peer, args.user_size, args.user_rounds)
     if args.sweep_peer:
-        return sweep_main(args.sweep_peer)
+        return sweep_main(args.sweep_peer, args.sweep_mib)
     rows = {"memcpy": bench_memcpy(args.size, max(4, args.count // 2))}
     dpdk_stats = None
     with tempfile.TemporaryDirectory(prefix="ra-bench-") as runtime:
@@ -440,7 +455,7 @@ def main(argv=None) -> int:
             rows["user tcp"].pop("stats")
     sweep = {}
     if args.sweep:
-        sweep = {name: run_sweep(kind) for kind, name in (("dpdk", "memif"), ("tcp", "tcp")) if kind in args.only}
+        sweep = {name: run_sweep(kind, args.sweep_mib) for kind, name in (("dpdk", "memif"), ("tcp", "tcp")) if kind in args.only}
     if args.json:
         print(json.dumps({"rows": rows, "dpdk_stats": dpdk_stats, "user_dpdk_stats": user_stats, "sweep": sweep,
                           "args": vars(args)}, indent=2))

@@ -191,6 +191,21 @@ def test_dataplane_table(need_dpdk):
 
 
 @pytest.mark.dpdk
+def test_dataplane_sweep_rows(need_dpdk):
+    lines = run_bench("bench_dataplane.py", "--only", "dpdk,tcp", "--user-size", "0", "--size", str(1 << 20),
+                      "--count", "1", "--rtts", "10", "--sweep", "--sweep-mib", "8")
+    start = next(i for i, line in enumerate(lines) if line.startswith("user sweep, GB/s one way"))
+    assert lines[start].split()[-8:] == ["memif", "up", "memif", "down", "tcp", "up", "tcp", "down"], lines
+    labels = ["64 KiB", "1 MiB", "8 MiB as 2 x 4 MiB", "8 MiB as 8 x 1 MiB"]
+    expected = [f"{label} round {r}" for label in labels for r in (1, 2)] + ["model .to(), 17 MB"]
+    rows = lines[start + 1:start + 1 + len(expected)]
+    for label, line in zip(expected, rows):
+        assert line.startswith(label), (label, lines)
+        values = numbers(line[len(label):])
+        assert len(values) == 4 and all(v > 0 for v in values), (label, lines)  # memif and TCP, up and down
+
+
+@pytest.mark.dpdk
 def test_device_rows_over_memif(need_dpdk):
     lines = run_bench("bench_device.py", "--transport", "dpdk", "--steps", "1", "--chain-ops", "200",
                       "--idle-matmuls", "10")
