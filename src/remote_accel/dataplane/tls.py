@@ -51,12 +51,17 @@ def server_context(cert: str, key: str, client_ca: Optional[str] = None) -> ssl.
     return ctx
 
 
-def client_context(ca: str, cert: Optional[str] = None, key: Optional[str] = None) -> ssl.SSLContext:
-    """A client's TLS settings: trust `ca` alone, check the server's name; present
-    `cert` (and `key`) to a server that asks for one."""
+def client_context(ca: Optional[str] = None, cert: Optional[str] = None, key: Optional[str] = None, *,
+                   ca_text: Optional[str] = None) -> ssl.SSLContext:
+    """A client's TLS settings: trust the CA of the PEM file `ca` (or the PEM text
+    `ca_text`: a server copying to another, with the CA its client named) alone, check
+    the server's name; present `cert` (and `key`) to a server that asks for one."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load(ctx.load_verify_locations, f"CA {ca}", ca)
+    if ca_text is not None:
+        _load(lambda: ctx.load_verify_locations(cadata=ca_text), "CA (PEM text)")
+    else:
+        _load(ctx.load_verify_locations, f"CA {ca}", ca)
     if cert:
         _load(ctx.load_cert_chain, f"client certificate {cert}", cert, key)
     elif key:
@@ -69,7 +74,7 @@ def _load(fn, what: str, *paths) -> None:
         fn(*paths)
     except FileNotFoundError as exc:
         raise ConfigError(f"TLS {what}: no such file {exc.filename or ''}".rstrip()) from None
-    except (ssl.SSLError, OSError) as exc:
+    except (ssl.SSLError, OSError, ValueError) as exc:
         raise ConfigError(f"TLS {what} cannot be used: {getattr(exc, 'reason', None) or exc}") from None
 
 

@@ -46,9 +46,9 @@ from .. import config
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.tcp import TcpTransport
-from ..dataplane.tls import TlsTransport
+from ..dataplane.tls import TlsTransport, client_context
 from ..dataplane.wire import MsgType
-from ..errors import ProtocolError, RemoteOpError, TransportTimeout
+from ..errors import ConfigError, ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
 from .storage import host_bytes
 
@@ -112,14 +112,11 @@ class PeerCopies:
             if ctx is not None:
                 self._tls_contexts.move_to_end(ca_text)
                 return ctx
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        cert, key = self.tls_identity or (None, None)  # checked when the server started
         try:
-            ctx.load_verify_locations(cadata=ca_text)
-        except (ssl.SSLError, ValueError) as exc:
+            ctx = client_context(cert=cert, key=key, ca_text=ca_text)
+        except ConfigError as exc:
             raise ProtocolError(f"PeerSend: the destination's CA is no PEM certificate ({exc})") from None
-        if self.tls_identity is not None:
-            ctx.load_cert_chain(*self.tls_identity)  # checked when the server started
         with self._cond:
             self._tls_contexts[ca_text] = ctx
             while len(self._tls_contexts) > TLS_CONTEXTS_KEPT:
