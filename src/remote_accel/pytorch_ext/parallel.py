@@ -40,6 +40,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves
 
 from ..errors import RemoteAccelError
+from . import runtime
 
 DEVICE_TYPE = "remote_accel"
 
@@ -74,12 +75,20 @@ def resolve_devices(devices: Optional[Sequence[Any]]) -> list[torch.device]:
 
 def check_alive(devices: Sequence[torch.device]) -> None:
     """One round trip to each server, so that a server that is gone is named now, before
-    any replica's ops are queued behind copies that would wait for it."""
+    any replica's ops are queued behind copies that would wait for it. Every server is
+    asked, and one that is gone is named before any other error: after a step that lost
+    a server, a live one may still hold that step's error (its copy to the lost one
+    failed), which is that loss again, not a fault of its own."""
+    failures = []
     for dev in devices:
         try:
             torch.remote_accel.synchronize(dev.index)
         except RemoteAccelError as exc:
-            raise type(exc)(f"remote_accel.parallel: {dev} cannot be used: {exc}") from exc
+            failures.append((dev, exc))
+    if failures:
+        gone = [(dev, exc) for dev, exc in failures if not runtime.session(dev.index).alive]
+        dev, exc = (gone or failures)[0]
+        raise type(exc)(f"remote_accel.parallel: {dev} cannot be used: {exc}") from exc
 
 
 def check_module_on(module: nn.Module, device: torch.device) -> None:
