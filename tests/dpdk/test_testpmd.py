@@ -187,3 +187,13 @@ def test_tensor_mode_against_a_real_server_over_memif():
     assert port["rx_packets"] > 0 and port["tx_packets"] == 2 * port["rx_packets"] + 1  # WRITE+READ each, one ALLOC
     assert port["rx_payload"] == port["tx_payload"] == (2 << 20) * port["rx_packets"]
     assert doc["verify_mismatches"] == 0 and doc["latency_us"]["samples"] == port["rx_packets"]
+
+
+def test_a_vdev_that_makes_no_port_is_a_clear_error():
+    """A --vdev whose driver creates no port (here af_packet on an interface that does
+    not exist) stops with one line saying so, not a traceback from an empty report."""
+    out = subprocess.run([*PROG, "--vdev=net_af_packet0,iface=ra-nonexistent0", "--", "--forward-mode", "txonly",
+                          "--duration", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout
+    assert "no DPDK port: the EAL options made none" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -133,6 +134,7 @@ def _has_port(eal: list) -> bool:
 
 def make_raw_runner(args, eal: list):
     from ..dataplane import dpdk
+    from ..dataplane.dpdk_eal import dpdk_error
     from .pmd_raw import RawRunner
 
     dpdk.ensure_eal(eal or None, role="local")
@@ -140,6 +142,9 @@ def make_raw_runner(args, eal: list):
         ports = args.portlist
     elif _has_port(eal) or dpdk.port_count():
         ports = list(range(dpdk.port_count()))
+        if not ports:  # a --vdev/-a whose driver made no port (a missing interface, say): say so
+            raise dpdk_error(errno.ENODEV, f"no DPDK port: the EAL options made none ({' '.join(eal)}); "
+                                           "the EAL's own log above says why")
     elif args.forward_mode == "io":
         ports = list(dpdk.ring_pair(raw=True))
         args.tx_first = True
