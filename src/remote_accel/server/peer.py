@@ -48,7 +48,7 @@ from ..dataplane import messages as m
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.tls import TlsTransport, client_context
 from ..dataplane.wire import MsgType
-from ..errors import ConfigError, ProtocolError, RemoteOpError, TransportTimeout
+from ..errors import ConfigError, PeerGone, ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
 from .storage import host_bytes
 
@@ -281,13 +281,16 @@ def on_send(session, request: m.PeerSend) -> None:
         device.synchronize(session._stream)  # noqa: SLF001 (the session lends it)
         view = staging
     host, port = config.parse_host_port(request.address)
-    if request.tls_ca is not None:
-        if not isinstance(request.tls_ca, str):
-            raise ProtocolError("PeerSend: tls_ca must be PEM text")
-        tls = session.server.peer_copies.tls_context(request.tls_ca)
-        link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S, tls=tls)
-    else:
-        link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        if request.tls_ca is not None:
+            if not isinstance(request.tls_ca, str):
+                raise ProtocolError("PeerSend: tls_ca must be PEM text")
+            tls = session.server.peer_copies.tls_context(request.tls_ca)
+            link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S, tls=tls)
+        else:
+            link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
+    except PeerGone as exc:  # said as the source's loss is said (_SourceProbe)
+        raise PeerGone(f"the destination server of a copy, {request.address}, is gone ({exc})") from exc
     try:
         name = f"peer copy from {socket.gethostname()} session {session.number}"
         handshake.client_handshake(link, request.key, name, CONNECT_TIMEOUT_S,
