@@ -22,7 +22,7 @@ from remote_accel.dataplane import messages as m
 from remote_accel.errors import ProtocolError
 from remote_accel.pytorch_ext import handles, runtime
 from remote_accel.server.peer import PeerCopies
-from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
+from remote_accel.server.testing import ServerProcess
 
 MIB = 1 << 20
 
@@ -237,17 +237,6 @@ def test_a_copy_whose_source_died_fails_soon_naming_it():
 
 
 # -- TLS servers -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca, other = make_ca(d, "ca"), make_ca(d, "other")
-    cert, key = make_leaf(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
-    client_cert, client_key = make_leaf(d, "client", "ca", "DNS:client")
-    other_cert, other_key = make_leaf(d, "stranger", "other", "IP:127.0.0.1,DNS:localhost")
-    return dict(ca=ca, cert=cert, key=key, client_cert=client_cert, client_key=client_key, other_cert=other_cert,
-                other_key=other_key)
-
-
 def _tls_pair(a, b, pki):
     remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
                       tokens=[a.token, b.token], timeout=30.0, tls_ca=pki["ca"], tls_cert=pki["client_cert"],

@@ -12,18 +12,7 @@ import remote_accel
 from remote_accel.dataplane.tls import client_context
 from remote_accel.errors import AuthError, ConfigError, PeerGone, RemoteAccelError
 from remote_accel.pytorch_ext import lifecycle, runtime
-from remote_accel.server.testing import make_ca, make_leaf, openssl, Client, ServerProcess
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca, other_ca = make_ca(d, "ca"), make_ca(d, "other")
-    cert, key = make_leaf(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
-    wrong_name, wrong_name_key = make_leaf(d, "elsewhere", "ca", "DNS:gpu.example.org")
-    client_cert, client_key = make_leaf(d, "client", "ca", "DNS:client")
-    return dict(ca=str(ca), other_ca=str(other_ca), cert=str(cert), key=str(key), wrong_name=str(wrong_name),
-                wrong_name_key=str(wrong_name_key), client_cert=str(client_cert), client_key=str(client_key))
-
+from remote_accel.server.testing import openssl, Client, ServerProcess
 
 @pytest.fixture(scope="module")
 def tls_server(pki):
