@@ -26,8 +26,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
-import sys
 
 import torch
 import torch.nn as nn
@@ -35,7 +33,7 @@ import torch.nn as nn
 import remote_accel
 from remote_accel.pytorch_ext import runtime
 from timing import (  # noqa: E402  (this folder, beside the script)
-    add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
+    add_server_threads_option, json_child, median_seconds, server_thread_options, wait_for_compiles)
 from remote_accel.server.testing import ServerProcess
 
 
@@ -137,13 +135,8 @@ REMOTE_RUNS = {
 
 def _child(side: str, args: argparse.Namespace, env: dict) -> dict:
     """This script's `side` part in a process of its own: its JSON line."""
-    child = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--transport", args.transport,
-                            "--server-threads", str(args.server_threads), "--side", side], env=env,
-                           capture_output=True, text=True)
-    lines = child.stdout.strip().splitlines()
-    if child.returncode != 0 or not lines:
-        raise SystemExit(f"the {side} run failed (rc {child.returncode}):\n{child.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return json_child(__file__, ["--steps", str(args.steps), "--transport", args.transport,
+                                 "--server-threads", str(args.server_threads), "--side", side], env, side)
 
 
 def main() -> int:

@@ -17,9 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from timing import json_child  # noqa: E402  (this folder, beside the script)
 
 SERVERS = {  # name: (server options, server environment)
     "default": ((), {}),
@@ -33,7 +34,6 @@ def _steps(side: str, steps: int) -> None:
     import torch
     import torch.nn as nn
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_compile import TinyTransformer
 
     device = "cpu"
@@ -64,11 +64,7 @@ def _steps(side: str, steps: int) -> None:
 
 
 def _child(side: str, steps: int, env: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(steps)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"the {side} run failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json_child(__file__, ["--side", side, "--steps", str(steps)], env, side, timeout=600)
 
 
 def main() -> int:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
+from typing import Optional
 
 
 def add_server_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +21,18 @@ def add_server_threads_option(parser: argparse.ArgumentParser) -> None:
 def server_thread_options(server_threads: int) -> tuple:
     """The server's command-line options for --server-threads N (none for 0: its default)."""
     return ("--threads", str(server_threads)) if server_threads else ()
+
+
+def json_child(script: str, argv: list, env: Optional[dict] = None, what: str = "child",
+               timeout: Optional[float] = None) -> dict:
+    """Run `script` (a benchmark's own file, for one of its parts) in a process of its
+    own with `argv`: the JSON object of its last stdout line; SystemExit with its stderr
+    when it failed."""
+    child = subprocess.run([sys.executable, script, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        raise SystemExit(f"the {what} run failed (rc {child.returncode}):\n{child.stderr[-3000:]}")
+    return json.loads(lines[-1])
 
 
 def median_seconds(fn, n: int, warmup: int = 2) -> float:
