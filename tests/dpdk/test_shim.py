@@ -68,6 +68,23 @@ def test_eal_init_twice_in_a_fresh_process():
     assert int(out.stdout.split()[-1]) == -errno.EALREADY
 
 
+def test_dpdk_ending_the_process_leaves_its_reason_on_stderr():
+    """DPDK's log goes to `logging`, but rte_exit's reason (CRIT) must not die with the
+    process unread; a warning stays out of the user's stderr."""
+    code = (
+        "import ctypes, ctypes.util\n"
+        "from remote_accel.dataplane import dpdk\n"
+        "dpdk.eal_init(role='local')\n"
+        "eal = ctypes.CDLL(ctypes.util.find_library('rte_eal'))\n"
+        "eal.rte_log(5, 0, b'a warning for the log only\\n')\n"
+        "eal.rte_exit(3, b'the reason DPDK gives\\n')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, (out.returncode, out.stderr[-500:])
+    assert "the reason DPDK gives" in out.stderr and "exiting with code: 3" in out.stderr
+    assert "a warning" not in out.stderr
+
+
 def test_crc32c_matches_reference():
     rng = np.random.default_rng(1)
     data = rng.integers(0, 256, 40000, dtype=np.uint8).tobytes()

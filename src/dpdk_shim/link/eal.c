@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <rte_eal.h>
 #include <rte_errno.h>
@@ -26,7 +27,9 @@ static char *eal_argv_copy;   /* NUL-separated, as given */
 static size_t eal_argv_len;
 
 /* DPDK logs into this ring instead of stderr: a library must not print, and Python
- * forwards the lines to `logging` (shim_log_read). Oldest bytes go on overflow. */
+ * forwards the lines to `logging` (shim_log_read). Oldest bytes go on overflow.
+ * CRIT and worse also go to stderr at once: DPDK writes them just before rte_exit or
+ * rte_panic ends the process, when nobody will read the ring again. */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_ring[LOG_CAP];
 static size_t log_head;       /* bytes written, ever */
@@ -35,7 +38,12 @@ static size_t log_tail;       /* bytes read, ever */
 static ssize_t
 log_write(void *cookie, const char *buf, size_t size)
 {
+	int level = rte_log_cur_msg_loglevel();
+
 	(void)cookie;
+	if (level >= (int)RTE_LOG_EMERG && level <= (int)RTE_LOG_CRIT && write(2, buf, size) < 0) {
+		/* nothing better to do: the ring below still has the line */
+	}
 	pthread_mutex_lock(&log_lock);
 	for (size_t i = 0; i < size; i++)
 		log_ring[(log_head + i) % LOG_CAP] = buf[i];
