@@ -5,9 +5,11 @@ same errors as a receiver that blocked at once."""
 
 from __future__ import annotations
 
+import os
 import random
 import resource
 import subprocess
+import sys
 import threading
 import time
 
@@ -254,3 +256,71 @@ def test_the_window_adapts_to_how_long_messages_take():
         w.caught()  # replies caught while polling: regrow, never past the maximum
     assert w.ns == 160_000
     assert PollWindow(0).ns == 0
+
+
+def test_a_yield_that_loses_the_core_pauses_polling():
+    w = PollWindow(200)
+    assert not w.yielded(150_000, now_ns=1_000_000_000)  # within the window: the core is ours
+    assert w.window_at(1_000_000_000) == 200_000
+    pauses = []
+    now = 1_000_000_000
+    for _ in range(14):  # others' work takes the core at every yield
+        assert w.yielded(4_000_000, now_ns=now)
+        pauses.append(w.paused_until_ns - now)
+        assert w.window_at(now) == 0 and w.window_at(w.paused_until_ns - 1) == 0
+        now = w.paused_until_ns
+        assert w.window_at(now) == w.ns  # after the pause, polling is tried again
+    assert pauses[:3] == [1_000_000, 2_000_000, 4_000_000] and max(pauses) == 1_000_000_000
+    w.caught()  # a poll caught its message: the core is ours again, the next pause is short
+    assert w.yielded(4_000_000, now_ns=now) and w.paused_until_ns - now == 1_000_000
+
+
+_ECHO_PROCESS = """
+import os, sys
+from remote_accel.dataplane.tcp import TcpListener
+from remote_accel.dataplane.tls import TlsListener, server_context
+os.sched_setaffinity(0, {int(sys.argv[1])})
+cert = sys.argv[2] if len(sys.argv) > 2 else None
+listener = TlsListener("127.0.0.1", 0, tls=server_context(cert, cert + ".key")) if cert else TcpListener("127.0.0.1", 0)
+print(listener.port, flush=True)
+t = listener.accept(timeout=30)
+while True:
+    msg = t.recv(timeout=30)
+    if msg.type != %d:
+        break
+    t.send(%d, msg.meta, msg.payloads, req_id=msg.req_id)
+""" % (ECHO, REPLY)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "tls"])
+def test_a_receiver_sharing_its_core_with_busy_work_blocks_instead_of_polling(request, kind):
+    """On a core that a busy process shares, a yield hands that process a whole scheduler
+    slice, and a thread that yielded is not woken when its message lands: the receiver
+    must see that and block (to be woken at once), not poll. Every message still arrives."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: the peer on one, this receiver and a busy process on the other")
+    before = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpus[0]}}})\nwhile True: pass"])
+    cert = request.getfixturevalue("cert") if kind == "tls" else None
+    peer = subprocess.Popen([sys.executable, "-c", _ECHO_PROCESS, str(cpus[1])] + ([cert] if cert else []),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(peer.stdout.readline())
+        os.sched_setaffinity(0, {cpus[0]})  # this thread only
+        if cert:
+            a = TlsTransport.connect("127.0.0.1", port, tls=client_context(cert), poll_us=200)
+        else:
+            a = TcpTransport.connect("127.0.0.1", port, poll_us=200)
+        for i in range(60):
+            _round_trip(a, i)
+        stats = a.stats()
+        assert stats["rx_yield_lost"] >= 1, stats
+        assert stats["rx_slept"] > stats["rx_polled"], stats  # polling paused: the waits blocked
+        a.send(STOP)
+        a.close()
+    finally:
+        os.sched_setaffinity(0, before)
+        for p in (busy, peer):
+            p.kill()
+            p.wait()

@@ -56,7 +56,7 @@ class TcpTransport(Transport):
         self._head = self._tail = 0
         self._skip_buffer: Optional[memoryview] = None  # made by the first Discard
         self._counters = {"tx_messages": 0, "tx_bytes": 0, "rx_messages": 0, "rx_bytes": 0,
-                          "rx_polled": 0, "rx_slept": 0}
+                          "rx_polled": 0, "rx_slept": 0, "rx_yield_lost": 0}
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -293,7 +293,7 @@ class TcpTransport(Transport):
     def _poll_until(self, now_ns: int, timeout: Optional[float]) -> int:
         """When a wait that starts now stops polling and blocks (0: it blocks at once):
         after traffic, for the adapted window, never past the caller's timeout."""
-        window = self._window.ns if self._heard else 0
+        window = self._window.window_at(now_ns) if self._heard else 0
         if window and timeout is not None:
             window = min(window, int(timeout * 1e9))
         return now_ns + window if window > 0 else 0  # a negative timeout fails in select, as before
@@ -325,9 +325,20 @@ class TcpTransport(Transport):
             if n >= 0:
                 self._head, self._tail = 0, n  # n == 0 (the peer closed): the read reports it
                 return True
-            if time.monotonic_ns() >= deadline_ns:
+            if time.monotonic_ns() >= deadline_ns or not self._yield_core():
                 return False
-            os.sched_yield()
+
+    def _yield_core(self) -> bool:
+        """Yield the core between two polls. False when the yield lost it (others' work
+        ran for longer than the whole window): the wait must block now, to be woken when
+        its message lands, and polling pauses (PollWindow.yielded)."""
+        before = time.monotonic_ns()
+        os.sched_yield()
+        after = time.monotonic_ns()
+        if self._window.yielded(after - before, after):
+            self._counters["rx_yield_lost"] += 1
+            return False
+        return True
 
     def _skip(self, nbytes: int) -> None:
         """Read `nbytes` of the stream and throw them away, through one small buffer."""

@@ -16,6 +16,14 @@ to a floor that still catches immediate answers. So a server that streams one-wa
 or a client whose syncs wait for long kernels, spends a few microseconds per wait, and a
 ping-pong of small requests polls for as long as a reply takes.
 
+Polling pays only while this thread keeps its core. Where other work shares the cores
+(two busy processes on a 2-core host), a yield hands the core to that work for a whole
+scheduler slice (3-4 ms on Linux 6.x), and a thread that yielded is not woken early when
+its message lands, as a blocked one is: a 40 us sync took 4 ms. So a yield that returns
+later than the whole window means the core is contended: the receiver stops polling and
+blocks, and does not poll again for a while (1 ms, doubling while it goes on, up to a
+second; a poll that catches its message resets it).
+
 REMOTE_ACCEL_TCP_POLL_US sets the maximum window in microseconds (0: never poll, block
 at once as before).
 """
@@ -35,6 +43,10 @@ MAX_POLL_US = 100_000
 _FLOOR_DIVISOR = 16
 #: A wait longer than this many maximum windows means polling was pointless for it.
 _LONG_WAIT_WINDOWS = 8
+#: How long a receiver that lost its core in a yield blocks at once: the first pause,
+#: and the longest one (the pause doubles while the core stays contended).
+_CONTENDED_PAUSE_NS = 1_000_000
+_CONTENDED_PAUSE_MAX_NS = 1_000_000_000
 
 
 def poll_us_from_env() -> int:
@@ -54,7 +66,7 @@ def poll_us_from_env() -> int:
 class PollWindow:
     """The adaptive window of one receiver (one transport: one thread receives)."""
 
-    __slots__ = ("max_ns", "floor_ns", "ns")
+    __slots__ = ("max_ns", "floor_ns", "ns", "paused_until_ns", "pause_ns")
 
     def __init__(self, max_us: int):
         if not 0 <= max_us <= MAX_POLL_US:
@@ -62,6 +74,22 @@ class PollWindow:
         self.max_ns = max_us * 1000
         self.floor_ns = self.max_ns // _FLOOR_DIVISOR
         self.ns = self.max_ns
+        self.paused_until_ns = 0  # no polling before this (monotonic ns): the core is contended
+        self.pause_ns = _CONTENDED_PAUSE_NS
+
+    def window_at(self, now_ns: int) -> int:
+        """The window of a wait that starts at `now_ns` (0 while polling is paused)."""
+        return 0 if now_ns < self.paused_until_ns else self.ns
+
+    def yielded(self, took_ns: int, now_ns: int) -> bool:
+        """A yield that returned at `now_ns` took `took_ns`. True when it lost the core
+        (it outlasted the whole window): polling pauses then, each pause in a row twice
+        as long as the one before."""
+        if took_ns <= self.max_ns:
+            return False
+        self.paused_until_ns = now_ns + self.pause_ns
+        self.pause_ns = min(_CONTENDED_PAUSE_MAX_NS, 2 * self.pause_ns)
+        return True
 
     def waited(self, ns: int) -> None:
         """A wait that outlasted the window found its message after `ns` nanoseconds."""
@@ -72,5 +100,6 @@ class PollWindow:
 
     def caught(self) -> None:
         """A message came while polling: the window works; regrow a shrunken one slowly."""
+        self.pause_ns = _CONTENDED_PAUSE_NS
         if self.ns < self.max_ns:
             self.ns = min(self.max_ns, self.ns + self.floor_ns)

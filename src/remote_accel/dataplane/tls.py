@@ -19,7 +19,6 @@ call runs under one short lock, and all waiting (select) happens outside it.
 from __future__ import annotations
 
 import errno
-import os
 import select
 import socket
 import ssl
@@ -271,8 +270,9 @@ class TlsTransport(TcpTransport):
                     self._ahead = view[:n]
                 return n
             if read and poll_until and time.monotonic_ns() < poll_until:  # closed: the next read says so
-                os.sched_yield()  # outside the lock: a sender goes on meanwhile
-                continue
+                if self._yield_core():  # outside the lock: a sender goes on meanwhile
+                    continue
+                poll_until = 0  # the yield lost the core: block from now on
             self._wait(read, not read, deadline, what)
 
     def _recv_exact(self, view: memoryview, first: bool = False) -> None:

@@ -87,6 +87,7 @@ int TcpLink::wait_readable(int64_t deadline_ns) {
 
 int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* info) {
   const int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+  bool polled = false;
   pending_ = 0;
   for (;;) {
     const size_t avail = tail_ - head_;
@@ -106,7 +107,10 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
       }
     }
     const int64_t got = read_more();
-    if (got > 0) continue;
+    if (got > 0) {
+      if (polled) pause_ns_ = kContendedPauseNs;  // polling caught it: the core is ours again
+      continue;
+    }
     if (got == 0) return -ECONNRESET;  // the peer's end (with or without a message begun)
     if (got != -EAGAIN) return got;
     if (avail > 0) {  // a message begun, its rest on the way: Python reads it as before
@@ -116,8 +120,14 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
     }
     const int64_t now = now_ns();
     if (now >= deadline) return -ETIMEDOUT;
-    if (now - last_traffic_ns_.load(std::memory_order_relaxed) < poll_ns_) {
+    if (now >= paused_until_ns_ && now - last_traffic_ns_.load(std::memory_order_relaxed) < poll_ns_) {
       sched_yield();  // after traffic: the next message usually comes within the window
+      const int64_t after = now_ns();
+      if (after - now > poll_ns_) {  // the core went to others' work: block (see tcp_poll.py)
+        paused_until_ns_ = after + pause_ns_;
+        pause_ns_ = std::min(kContendedPauseMaxNs, 2 * pause_ns_);
+      }
+      polled = true;
       continue;
     }
     const int rc = wait_readable(deadline);

@@ -7,7 +7,9 @@
 // session's thread reads the socket, and it runs either Python or the loop.
 //
 // Waiting as tcp.py's receiver does: after traffic it polls the socket without blocking
-// (yielding the core between polls) for `poll_ns`, then blocks in ppoll. Anything odd (a
+// (yielding the core between polls) for `poll_ns`, then blocks in ppoll; a yield that
+// outlasts the whole window (others' work took the core) pauses polling, 1 ms doubling
+// to 1 s, as tcp_poll.py's PollWindow does and for the same reason. Anything odd (a
 // prologue that does not check out, a message longer than the buffer, a message not all
 // there yet) is left to Python, which reads, waits and raises as before.
 //
@@ -68,7 +70,9 @@ class TcpLink : public Link {
   char* buf_;
   size_t cap_;
   shim_wire wire_;
+  static constexpr int64_t kContendedPauseNs = 1'000'000, kContendedPauseMaxNs = 1'000'000'000;
   int64_t poll_ns_, stall_ns_;
+  int64_t paused_until_ns_ = 0, pause_ns_ = kContendedPauseNs;  // only the loop's thread waits
   size_t head_ = 0, tail_ = 0;
   size_t pending_ = 0;  // bytes of the message next() returned
   std::atomic<int64_t> last_traffic_ns_{0};  // a read or a send (the heartbeat's too)
