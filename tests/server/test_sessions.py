@@ -326,6 +326,27 @@ def test_run_graph_runs_and_reruns_by_id(client):
     torch.testing.assert_close(client.download(again), b * b + a)
 
 
+def test_a_graph_rerun_inside_a_batch_runs_in_order_with_the_ops_around_it(client):
+    """A rerun by id travels inside a Batch (the client queues it like an op): the C++
+    loop hands it to Python and goes on with the items after it, in order."""
+    g = lambda i: Ext(torch_values.GRAPH_VALUE, i)  # noqa: E731
+    a, b = torch.randn(5), torch.randn(5)
+    ra, rb = client.upload(a), client.upload(b)
+    nodes = (("aten::mul.Tensor", (g(0), g(0)), {}), ("aten::add.Tensor", (g(2), g(1)), {}))
+    first = client.empty((5,))
+    client.send(m.RunGraph(8, nodes, encode_arg((ra, rb)), (g(3),), encode_arg((first,))))
+    again, doubled, unknown = client.empty((5,)), client.empty((5,)), client.empty((5,))
+    client.batch(m.RunOp("aten::add_.Tensor", encode_arg((rb, ra)), {}, encode_arg((rb,)), False),  # b := a + b
+                 m.RunGraph(8, (), encode_arg((rb, ra)), (), encode_arg((again,))),  # (a + b)^2 + a
+                 m.RunOp("aten::mul.Tensor", encode_arg((again, ra)), {}, encode_arg((doubled,)), False))
+    torch.testing.assert_close(client.download(again), (a + b) ** 2 + a)
+    torch.testing.assert_close(client.download(doubled), ((a + b) ** 2 + a) * a)
+    client.batch(m.RunGraph(99, (), encode_arg((ra, rb)), (), encode_arg((unknown,))))
+    with pytest.raises(RemoteOpError, match="99"):
+        client.sync()
+    assert client.sync() >= 0  # the session goes on
+
+
 def test_graph_results_unlike_their_promise_are_errors_at_the_next_sync(client):
     """A graph's results are placed as its outs promise (in C++): a wrong shape, more outs
     than results or a result that is no tensor is an op error at the next sync, and

@@ -38,9 +38,9 @@ def test_tags_codes_and_types_match_python():
         "kSmallInt": codec._SMALLINT}
     assert (c["kSmallBias"], c["kMaxDepth"], c["kMaxItems"]) == (codec._SMALL_BIAS, codec.MAX_DEPTH, codec.MAX_ITEMS)
     assert (c["kExtTensor"], c["kExtCpuTensor"]) == (torch_values.TENSOR, torch_values.CPU_TENSOR)
-    assert (c["kAlloc"], c["kFree"], c["kWrite"], c["kRun"], c["kRunPlanned"]) == (
-        MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED)
-    assert {MsgType(c[k]) for k in ("kAlloc", "kFree", "kWrite", "kRun", "kRunPlanned")} == m.ONE_WAY_IN_BATCH
+    assert (c["kAlloc"], c["kFree"], c["kWrite"], c["kRun"], c["kRunGraph"], c["kRunPlanned"]) == (
+        MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_GRAPH, MsgType.RUN_PLANNED)
+    assert {MsgType(c[k]) for k in ("kAlloc", "kFree", "kWrite", "kRun", "kRunGraph", "kRunPlanned")} == m.ONE_WAY_IN_BATCH
 
 
 # -- the C++ reader accepts what the Python decoder accepts -----------------------------------------
@@ -64,7 +64,9 @@ values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.lis
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
 fields = st.lists(values, max_size=8).map(tuple)
 items = st.one_of(
-    st.tuples(st.sampled_from([16, 17, 32, 38, 34, 99]), fields),
+    st.tuples(st.sampled_from([16, 17, 32, 37, 38, 34, 99]), fields),
+    st.tuples(st.just(37), st.tuples(st.integers(-5, 1 << 40), fields, fields, fields, fields)),  # a graph's rerun
+    st.tuples(st.just(37), st.tuples(st.integers(-5, 9), fields, fields, fields, fields, values)),
     st.tuples(st.just(38), st.tuples(st.integers(-300, 300), st.lists(st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=4),
                                                                           max_size=4).map(tuple))),
     st.tuples(st.just(16), st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-5, 1 << 40))),

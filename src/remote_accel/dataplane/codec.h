@@ -35,7 +35,7 @@ constexpr int64_t kMaxItems = int64_t{1} << 22;
 constexpr uint8_t kExtTensor = 1, kExtCpuTensor = 7;
 
 // message types allowed inside a Batch
-constexpr int64_t kAlloc = 16, kFree = 17, kWrite = 18, kRun = 32, kRunPlanned = 38;
+constexpr int64_t kAlloc = 16, kFree = 17, kWrite = 18, kRun = 32, kRunGraph = 37, kRunPlanned = 38;
 
 // -- writing ---------------------------------------------------------------------------
 

@@ -358,7 +358,8 @@ class PeerDone:
 
 
 # -- encoding -------------------------------------------------------------------------------
-ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED})
+ONE_WAY_IN_BATCH = frozenset({MsgType.ALLOC, MsgType.FREE, MsgType.WRITE, MsgType.RUN, MsgType.RUN_PLANNED,
+                              MsgType.RUN_GRAPH})
 
 
 def fields_of(msg) -> tuple:

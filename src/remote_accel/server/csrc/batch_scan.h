@@ -48,6 +48,13 @@ inline bool check_fields(wire::Reader& r, int64_t type, uint32_t n) {
       }
       return true;
     }
+    case wire::kRunGraph:  // graph_id, nodes, inputs, outputs, outs[, stream]: Python runs it
+      if (n < 5 || n > 6 || !r.try_int(v)) return false;
+      for (uint32_t i = 1; i < n; ++i) {
+        if (i < 5 && r.peek() != wire::kTuple) return false;
+        r.skip(kDepth);
+      }
+      return true;
     default:
       return false;  // WRITE (its payloads are Python's to place) and anything not allowed here
   }
