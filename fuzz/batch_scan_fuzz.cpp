@@ -4,9 +4,9 @@
 // so it links here alone.
 //
 // What must hold for a meta scan_batch accepts: the items lie in order inside the meta,
-// each from its (type, fields) header to its end, of the types the C++ path runs, and
+// each from its (type, fields) header to its end, of the types a Batch may hold, and
 // executor-side reads of them (batch.cpp's resume: the RunPlanned plan id and values, a
-// FREE's sids, an ALLOC's two ints) stay inside the item; they throw Malformed at worst.
+// FREE's sids, an ALLOC's and a WRITE's ints) stay inside the item; they throw Malformed at worst.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -41,12 +41,16 @@ void read_item(const std::string& meta, const BatchItem& item) {
     } else if (item.type == wire::kAlloc) {
       r.int_value("sid");
       r.int_value("nbytes");
+    } else if (item.type == wire::kWrite) {  // Python places and runs it; its ints are read first
+      r.int_value("sid");
+      r.int_value("offset");
+      r.int_value("nbytes");
     } else if (item.type == wire::kFree) {
       const uint32_t n = r.container(wire::kTuple, "sids");
       for (uint32_t i = 0; i < n && r.try_int(v); ++i) {
       }
     } else {
-      return;  // RUN: Python's
+      return;  // RUN, RUN_GRAPH: Python's
     }
   } catch (const wire::Malformed&) {
     std::abort();  // scan_batch checked these bytes: a read of them cannot fail
@@ -65,8 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t last_end = 0;
   for (const auto& item : items) {
     check(item.begin >= last_end && item.begin < item.fields && item.fields <= item.end && item.end <= size);
-    check(item.type == wire::kAlloc || item.type == wire::kFree || item.type == wire::kRun ||
-          item.type == wire::kRunPlanned);
+    check(item.type == wire::kAlloc || item.type == wire::kFree || item.type == wire::kWrite ||
+          item.type == wire::kRun || item.type == wire::kRunGraph || item.type == wire::kRunPlanned);
     read_item(meta, item);
     last_end = item.end;
   }

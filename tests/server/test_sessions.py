@@ -341,6 +341,12 @@ def test_a_graph_rerun_inside_a_batch_runs_in_order_with_the_ops_around_it(clien
                  m.RunOp("aten::mul.Tensor", encode_arg((again, ra)), {}, encode_arg((doubled,)), False))
     torch.testing.assert_close(client.download(again), (a + b) ** 2 + a)
     torch.testing.assert_close(client.download(doubled), ((a + b) ** 2 + a) * a)
+    # an upload after the rerun in the same batch must not land before the graph read it
+    old_b, new_b, later = client.download(rb), torch.randn(5), client.empty((5,))
+    client.batch(m.RunGraph(8, (), encode_arg((rb, ra)), (), encode_arg((later,))),
+                 m.WriteStorage(rb.sid, 0, 20), payloads=[new_b.numpy().tobytes()])
+    torch.testing.assert_close(client.download(later), old_b ** 2 + a)
+    torch.testing.assert_close(client.download(rb), new_b)
     client.batch(m.RunGraph(99, (), encode_arg((ra, rb)), (), encode_arg((unknown,))))
     with pytest.raises(RemoteOpError, match="99"):
         client.sync()

@@ -64,7 +64,8 @@ values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.lis
                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
 fields = st.lists(values, max_size=8).map(tuple)
 items = st.one_of(
-    st.tuples(st.sampled_from([16, 17, 32, 37, 38, 34, 99]), fields),
+    st.tuples(st.sampled_from([16, 17, 18, 32, 37, 38, 34, 99]), fields),
+    st.tuples(st.just(18), st.tuples(st.integers(-5, 1 << 40), st.integers(-5, 1 << 40), st.integers(-5, 1 << 40))),
     st.tuples(st.just(37), st.tuples(st.integers(-5, 1 << 40), fields, fields, fields, fields)),  # a graph's rerun
     st.tuples(st.just(37), st.tuples(st.integers(-5, 9), fields, fields, fields, fields, values)),
     st.tuples(st.just(38), st.tuples(st.integers(-300, 300), st.lists(st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=4),

@@ -34,6 +34,8 @@ def batch_writes(items: list) -> tuple[list, list]:
             named.add(item.sid)
         elif type(item) is m.RunOp:
             _collect_sids((item.args, item.kwargs, item.outs), named)
+        elif type(item) is m.RunGraph:  # a rerun reads its inputs when it runs, after the receive
+            _collect_sids((item.inputs, item.outs, item.nodes), named)
         elif type(item) is m.RunPlanned:  # its ints are storage ids, its bytes CPU scalars
             named.update(v for v in item.values if type(v) is int)
         elif type(item) is m.AllocStorage:

@@ -314,10 +314,12 @@ class Session(Receiving):
         self._stash = (MsgType.BATCH, NativeBatch(meta), None)
         return True
 
-    def _run_native(self, batch: NativeBatch, stopped: Optional[tuple] = None) -> None:
+    def _run_native(self, batch: NativeBatch, stopped: Optional[tuple] = None, writes=None) -> None:
         """Run a scanned Batch: C++ runs what it can with the GIL released and stops at
-        each item Python must run (RunOp, plans without a template) or that failed.
-        stopped: where the C++ loop's run of it stopped (Executor.resume's answer)."""
+        each item Python must run (RunOp, plans without a template, graph reruns, WRITEs)
+        or that failed. stopped: where the C++ loop's run of it stopped (Executor.resume's
+        answer); writes: the placed payloads of its WRITEs, in order (receiving.py)."""
+        writes = iter(()) if writes is None else writes
         first = 0
         while True:
             if stopped is None:
@@ -331,7 +333,7 @@ class Session(Receiving):
                 if stop == native.ERROR:
                     raise native.to_exception(*error)
                 value, _ = codec.decode_at(batch.meta, begin)
-                self._execute(m.batch_items(m.Batch((value,)))[0], iter(()))
+                self._execute(m.batch_items(m.Batch((value,)))[0], writes)
             except Exception as exc:
                 self._fail(exc)
 
@@ -349,6 +351,14 @@ class Session(Receiving):
         if type(request) is NativeBatch:
             self._run_native(request)
             return
+        if plan and msg.type == MsgType.BATCH and self.executor is not None:
+            # A Batch with uploads (a training step's `x.to(device)` and the ops queued
+            # with it): their bytes are placed (receiving.py), the C++ executor runs the
+            # other items; before, every op of such a batch ran in Python.
+            meta = bytes(msg.meta)
+            if self.executor.native.scan(meta):
+                self._run_native(NativeBatch(meta), writes=iter(plan))
+                return
         try:
             if type(request) is m.Batch:  # the sink did not see it (no payloads)
                 items = m.batch_items(request)

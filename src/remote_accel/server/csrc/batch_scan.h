@@ -29,6 +29,8 @@ inline bool check_fields(wire::Reader& r, int64_t type, uint32_t n) {
   switch (type) {
     case wire::kAlloc:
       return n == 2 && r.try_int(v) && r.try_int(v);
+    case wire::kWrite:  // sid, offset, nbytes; Python places the payload and runs it
+      return n == 3 && r.try_int(v) && r.try_int(v) && r.try_int(v);
     case wire::kRunPlanned:
       if (n != 2 || !r.try_int(v) || r.peek() != wire::kTuple) return false;
       r.skip(kDepth);
@@ -56,7 +58,7 @@ inline bool check_fields(wire::Reader& r, int64_t type, uint32_t n) {
       }
       return true;
     default:
-      return false;  // WRITE (its payloads are Python's to place) and anything not allowed here
+      return false;  // anything not allowed in a Batch
   }
 }
 
