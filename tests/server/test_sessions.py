@@ -347,6 +347,11 @@ def test_a_graph_rerun_inside_a_batch_runs_in_order_with_the_ops_around_it(clien
                  m.WriteStorage(rb.sid, 0, 20), payloads=[new_b.numpy().tobytes()])
     torch.testing.assert_close(client.download(later), old_b ** 2 + a)
     torch.testing.assert_close(client.download(rb), new_b)
+    negated, newer_b = client.empty((5,)), torch.randn(5)  # the same after an op
+    client.batch(m.RunOp("aten::neg", encode_arg((rb,)), {}, encode_arg((negated,)), False),
+                 m.WriteStorage(rb.sid, 0, 20), payloads=[newer_b.numpy().tobytes()])
+    torch.testing.assert_close(client.download(negated), -new_b)
+    torch.testing.assert_close(client.download(rb), newer_b)
     client.batch(m.RunGraph(99, (), encode_arg((ra, rb)), (), encode_arg((unknown,))))
     with pytest.raises(RemoteOpError, match="99"):
         client.sync()

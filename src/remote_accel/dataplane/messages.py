@@ -169,7 +169,8 @@ class RunReply:
 class Batch:
     """Several one-way requests in one message: items are (MsgType, fields tuple).
 
-    Only ALLOC, FREE, WRITE, RUN (without reply) and RUN_PLANNED may appear; WRITE items take the
+    Only ALLOC, FREE, WRITE, RUN (without reply), RUN_PLANNED and RUN_GRAPH (a rerun by id) may
+    appear; WRITE items take the
     batch's payloads in order.
     """
 

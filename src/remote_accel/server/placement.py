@@ -6,8 +6,10 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from ..dataplane import codec
 from ..dataplane import messages as m
 from ..dataplane.codec import Ext
+from ..dataplane.wire import MsgType
 from ..torch_wire import values as torch_values
 
 
@@ -42,6 +44,28 @@ def batch_writes(items: list) -> tuple[list, list]:
             named.add(item.sid)
         elif type(item) is m.FreeStorage:
             named.update(sid for sid in item.sids if type(sid) is int)
+    return writes, direct
+
+
+def scanned_writes(meta: bytes, items: list) -> tuple[list, list]:
+    """batch_writes for a Batch the C++ scan took (`items`: its items' (type, start in
+    meta)), decoding only its WRITEs, ALLOCs and FREEs, whose fields the scan checked.
+    An op (RunOp, RunPlanned, RunGraph) before a WRITE may name that WRITE's storage
+    without this looking: such a WRITE is staged, never placed at once (for the small
+    uploads a Batch carries, one more copy instead of decoding every op in Python)."""
+    writes, direct, named, ops_before = [], [], set(), False
+    for msg_type, begin in items:
+        if msg_type == MsgType.WRITE:
+            w = m.WriteStorage(*codec.decode_at(meta, begin)[0][1])
+            writes.append(w)
+            direct.append(not ops_before and w.sid not in named)
+            named.add(w.sid)
+        elif msg_type == MsgType.ALLOC:
+            named.add(codec.decode_at(meta, begin)[0][1][0])
+        elif msg_type == MsgType.FREE:
+            named.update(sid for sid in codec.decode_at(meta, begin)[0][1][0] if type(sid) is int)
+        else:
+            ops_before = True
     return writes, direct
 
 

@@ -19,7 +19,7 @@ echo past it is answered with that error.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 
 from ..dataplane import messages as m
@@ -28,7 +28,7 @@ from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError
 from . import native, peer
 from .failure import Failure, oom
-from .placement import Desync, WriteTarget, batch_writes
+from .placement import Desync, WriteTarget, batch_writes, scanned_writes
 from .storage import host_bytes
 
 # Logged as the session: placement is part of serving one client.
@@ -73,6 +73,10 @@ class Receiving:
             except ProtocolError as exc:
                 self._stash = (header.type, exc, None)
             return []
+        if header.type == MsgType.BATCH and lengths and self.executor is not None:
+            placed = self._place_scanned_batch(header, bytes(meta), lengths)
+            if placed is not None:
+                return placed
         if not lengths:
             if header.type == MsgType.BATCH and self._scan(meta):
                 return []
@@ -116,10 +120,25 @@ class Receiving:
                 raise ProtocolError(f"{type_name(header.type)} carries no payloads")
             else:
                 return []
-            if len(writes) != len(lengths) or any(w.nbytes != n for w, n in zip(writes, lengths)):
-                raise ProtocolError("payload lengths do not match the WRITE sizes")
         except ProtocolError as exc:
             self._stash = (header.type, exc, None)
+            return self._discard(lengths)
+        return self._place_writes(header.type, request, writes, direct, lengths)
+
+    def _place_scanned_batch(self, header, meta: bytes, lengths: list) -> Optional[list]:
+        """A Batch with uploads that the C++ scan takes whole: only its WRITE, ALLOC and
+        FREE items are decoded here (placement.scanned_writes), and C++ runs the rest
+        later (Session._run_native, with these placements for the WRITEs). None: Python
+        decodes it as any message, and says what is wrong with it."""
+        if not self._scan(meta):
+            return None
+        writes, direct = scanned_writes(meta, self.executor.native.scanned_items())
+        return self._place_writes(header.type, self._stash[1], writes, direct, lengths)
+
+    def _place_writes(self, msg_type: int, request, writes: list, direct: list, lengths: list) -> list:
+        """Where each WRITE's payload lands; the stash keeps the request and those places."""
+        if len(writes) != len(lengths) or any(w.nbytes != n for w, n in zip(writes, lengths)):
+            self._stash = (msg_type, ProtocolError("payload lengths do not match the WRITE sizes"), None)
             return self._discard(lengths)
         staged = sum(n for n, d in zip(lengths, direct) if not d or self.device.accelerator)
         if staged > self.table.limit:
@@ -129,10 +148,10 @@ class Receiving:
             # limit the writes are thrown away and reported as out of memory.
             exc = oom(f"{staged} bytes of WRITE payload to stage at once exceed this session's memory "
                       f"limit ({self.table.limit} bytes)")
-            self._stash = (header.type, request, [WriteTarget(Discard(w.nbytes), error=exc) for w in writes])
+            self._stash = (msg_type, request, [WriteTarget(Discard(w.nbytes), error=exc) for w in writes])
             return [Discard(n) for n in lengths]
         plan = [self._write_target(w, ok) for w, ok in zip(writes, direct)]
-        self._stash = (header.type, request, plan)
+        self._stash = (msg_type, request, plan)
         return [t.buffer for t in plan]
 
     def _write_target(self, w: m.WriteStorage, direct: bool) -> "WriteTarget":

@@ -349,16 +349,10 @@ class Session(Receiving):
 
     def _run_one_way(self, request, msg: Message, plan) -> None:
         if type(request) is NativeBatch:
-            self._run_native(request)
+            # with uploads (a training step's `x.to(device)` and the ops queued with it),
+            # `plan` holds where their bytes were placed (receiving.py)
+            self._run_native(request, writes=iter(plan) if plan else None)
             return
-        if plan and msg.type == MsgType.BATCH and self.executor is not None:
-            # A Batch with uploads (a training step's `x.to(device)` and the ops queued
-            # with it): their bytes are placed (receiving.py), the C++ executor runs the
-            # other items; before, every op of such a batch ran in Python.
-            meta = bytes(msg.meta)
-            if self.executor.native.scan(meta):
-                self._run_native(NativeBatch(meta), writes=iter(plan))
-                return
         try:
             if type(request) is m.Batch:  # the sink did not see it (no payloads)
                 items = m.batch_items(request)

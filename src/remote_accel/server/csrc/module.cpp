@@ -323,6 +323,11 @@ PYBIND11_MODULE(_native, m) {
       })
       // -- batches
       .def("scan", [](Executor& s, const py::bytes& meta) { return s.scan(std::string(meta)); })
+      .def("scanned_items", [](const Executor& s) {  // (type, start in the meta) of each item of the scanned Batch
+        py::list out;
+        for (const auto& item : s.batch_items()) out.append(py::make_tuple(item.type, item.begin));
+        return out;
+      })
       .def("resume", [](Executor& s, size_t first) {
         Executor::Stop stop;
         {

@@ -243,6 +243,7 @@ class Executor {
   };
   Stop resume(size_t first);
   size_t batch_size() const { return items_.size(); }
+  const std::vector<BatchItem>& batch_items() const { return items_; }
   const std::string& batch_meta() const { return meta_; }
 
   at::Tensor view(const c10::Storage& storage, const Layout& layout) const;
