@@ -13,7 +13,8 @@ running the chain's requests, per op, less the same ops called locally from C++,
 dispatcher and kernel; needs a server that counts its busy time); the tiny Transformer step
 (2 encoder layers, d_model 64, 4 heads, ff 128, batch 8x32, AdamW) remote/local; and
 client cost per queued op, round trips per step, remote/local for a small MLP (its
-compiled step timed once the server has compiled the graphs, beside local Inductor); the sync
+compiled step timed once the server has compiled the graphs, beside local Inductor; and its
+step uploading a fresh batch each time, as a data loader's loop does); the sync
 points of issue #20 (sync_points.py: synchronize() with nothing queued, x.sum().item(),
 (x + 1).sum().item(), s.item() of a computed scalar, x.cpu() of 16 floats); a tiny GPT-2's
 greedy generate() remote / CPU (skipped, saying so, without the transformers package); and
@@ -23,8 +24,8 @@ matmul+tanh in the same process, connected against before init()).
 The local baselines run first, in a process of their own with no server alive, on
 torch's default threads (with --server-threads N: on N threads, one core each when N is
 1), as a user's plain script runs; the header says how. Every remote loss (eager MLP,
-compiled MLP, Transformer) is checked against the local one, and a mismatch fails the
-run. The Transformer has no dropout, so that its loss can be checked, and so that the
+compiled MLP, MLP uploading its batches, Transformer) is checked against the local one,
+and a mismatch fails the run. The Transformer has no dropout, so that its loss can be checked, and so that the
 server's own CPU bernoulli_ kernel stays in bench_cpu_bernoulli.py's row, not here.
 """
 
@@ -64,6 +65,26 @@ def _step_fn(model, device):
     x = torch.randn(32, 64, generator=data).to(device)
     y = torch.randint(0, 10, (32,), generator=data).to(device)
     return training_step(model, opt, x, y)
+
+
+def _fresh_batch_step_fn(device):
+    """The MLP step as a data loader's loop has it: every step uploads its own batch
+    (`x.to(device)`, 8 KiB, and its labels) before the forward; eight batches in turn."""
+    model = _mlp().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(32, 64, generator=data), torch.randint(0, 10, (32,), generator=data)) for _ in range(8)]
+    turn = iter(range(1 << 62))
+
+    def step() -> float:
+        x, y = batches[next(turn) % len(batches)]
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
 
 
 def _timed_loss(step, steps: int, warmup: int = 2) -> tuple[float, float]:
@@ -194,6 +215,7 @@ def measure(transport_name: str, steps: int, sync_only: bool = False, server_thr
         before = session.counters["round_trips"]
         remote, remote_loss = _timed_loss(remote_step, steps)
         trips = (session.counters["round_trips"] - before) / (steps + 3)
+        fresh, fresh_loss = _timed_loss(_fresh_batch_step_fn("remote_accel"), steps)
         compiled_model = torch.compile(_mlp().to("remote_accel"), backend="remote_accel")
         compiled_step = _step_fn(compiled_model, "remote_accel")
         compiled_step()  # sends the graphs: time the steps once the server runs them compiled,
@@ -212,7 +234,8 @@ def measure(transport_name: str, steps: int, sync_only: bool = False, server_thr
     return {
         "transport": transport_name, "enqueue_us": enqueue * 1e6, "add_ops_per_s": ops_per_s, "trips": trips,
         "mlp_remote_ms": remote * 1e3, "mlp_compiled_ms": compiled * 1e3, "mlp_remote_loss": remote_loss,
-        "mlp_compiled_loss": compiled_loss, "chain_remote_ops_per_s": CHAIN_OPS / chain_remote,
+        "mlp_compiled_loss": compiled_loss, "mlp_fresh_ms": fresh * 1e3, "mlp_fresh_loss": fresh_loss,
+        "chain_remote_ops_per_s": CHAIN_OPS / chain_remote,
         "oop_remote_ops_per_s": CHAIN_OPS / oop_remote, "server_us_per_op": server_per_op * 1e6,
         "tf_remote_ms": tf_remote * 1e3, "tf_remote_loss": tf_remote_loss,
         "idle_connected_s": connected, "idle_unconnected_s": unconnected, "idle_cpu": idle_cpu,
@@ -228,12 +251,14 @@ def measure_local(steps: int, threads: int = 0) -> dict:
         torch.set_num_threads(threads)
     local, local_loss = _timed_loss(_step_fn(_mlp(), "cpu"), steps)
     local_compiled, _ = _timed_loss(_step_fn(torch.compile(_mlp()), "cpu"), steps)
+    local_fresh, local_fresh_loss = _timed_loss(_fresh_batch_step_fn("cpu"), steps)
     chain_local = statistics.median(_chain("cpu")[0] for _ in range(3))
     oop_local = statistics.median(_out_of_place_chain("cpu")[0] for _ in range(3))
     kernel = statistics.median(_kernel() for _ in range(3))
     tf_local, tf_local_loss = _timed_loss(_transformer_step_fn("cpu"), steps)
     return {"local_threads": torch.get_num_threads(), "mlp_local_ms": local * 1e3, "mlp_local_loss": local_loss,
-            "mlp_local_compiled_ms": local_compiled * 1e3, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
+            "mlp_local_compiled_ms": local_compiled * 1e3, "mlp_local_fresh_ms": local_fresh * 1e3,
+            "mlp_local_fresh_loss": local_fresh_loss, "chain_local_ops_per_s": CHAIN_OPS / chain_local,
             "oop_local_ops_per_s": CHAIN_OPS / oop_local, "kernel_us": kernel * 1e6, "tf_local_ms": tf_local * 1e3,
             "tf_local_loss": tf_local_loss}
 
@@ -241,7 +266,7 @@ def measure_local(steps: int, threads: int = 0) -> dict:
 #: remote loss key -> the local loss it must match, and how closely (float reassociation:
 #: the server's compiled graphs fuse, and its threads may split a reduction differently)
 LOSS_CHECKS = {"mlp_remote_loss": "mlp_local_loss", "mlp_compiled_loss": "mlp_local_loss",
-               "tf_remote_loss": "tf_local_loss"}
+               "mlp_fresh_loss": "mlp_local_fresh_loss", "tf_remote_loss": "tf_local_loss"}
 LOSS_RTOL = 1e-3
 
 
@@ -278,6 +303,8 @@ ROWS = (
     ("MLP step remote compiled / local",
      lambda r: f"{r['mlp_compiled_ms']:.2f} / {r['mlp_local_ms']:.2f} = {r['mlp_compiled_ms'] / r['mlp_local_ms']:.1f}x"),
     ("MLP step local compiled (Inductor) (ms)", lambda r: f"{r['mlp_local_compiled_ms']:.2f}"),
+    ("MLP step uploading its batch, remote / local (ms)",
+     lambda r: f"{r['mlp_fresh_ms']:.2f} / {r['mlp_local_fresh_ms']:.2f} = {r['mlp_fresh_ms'] / r['mlp_local_fresh_ms']:.1f}x"),
     *((name, lambda r, key=key: f"{r[key]:.1f}") for name, key in sync_points.SYNC_ROWS),
     ("tiny GPT-2 generate 16 tokens remote / CPU (ms)", _generate_row),
     ("idle client: {matmuls} local matmul+tanh (s)",

@@ -219,7 +219,8 @@ def test_device_rows_over_memif(need_dpdk):
                   "idle client's own CPU use (% of a core)"):
         assert len(numbers(row(lines, label))) == 1, (label, text)
     for label in ("tiny Transformer step remote / local (ms)", "MLP step remote eager / local (ms)",
-                  "MLP step remote compiled / local", "idle client: 10 local matmul+tanh (s)"):
+                  "MLP step remote compiled / local", "MLP step uploading its batch, remote / local (ms)",
+                  "idle client: 10 local matmul+tanh (s)"):
         assert re.fullmatch(rf"\s*{NUMBER} / {NUMBER} = {NUMBER}x", row(lines, label)), (label, text)
     assert re.fullmatch(rf"\s*{NUMBER} - {NUMBER} = {NUMBER}", row(lines, "server cost per op beyond the kernel (us)"))
     generate = row(lines, "tiny GPT-2 generate 16 tokens remote / CPU (ms)").strip()
