@@ -123,13 +123,14 @@ int64_t TcpLink::next(int64_t timeout_ns, const char** bytes, shim_msg_info* inf
     if (now >= paused_until_ns_ && now - last_traffic_ns_.load(std::memory_order_relaxed) < poll_ns_) {
       sched_yield();  // after traffic: the next message usually comes within the window
       const int64_t after = now_ns();
-      if (after - now > poll_ns_) {  // the core went to others' work: block (see tcp_poll.py)
+      polled = after - now <= poll_ns_;
+      if (!polled) {  // the core went to others' work: block (see tcp_poll.py)
         paused_until_ns_ = after + pause_ns_;
         pause_ns_ = std::min(kContendedPauseMaxNs, 2 * pause_ns_);
       }
-      polled = true;
       continue;
     }
+    polled = false;  // what comes after this block was not caught by polling
     const int rc = wait_readable(deadline);
     if (rc < 0) return rc;
   }
