@@ -190,26 +190,20 @@ class Session:
                 self._batch_items += requests
                 self.counters["ops"] += ops
 
-    def flush(self) -> None:
-        """Send every queued request now (without waiting for anything)."""
-        with self._lock:
-            self._collect()
-            batch = self._take_batch()
-            if batch is not None and not self._post([batch]):
-                self._send_many([batch])
-
-    def _flush_here(self) -> None:
-        """As flush(), but sent from this thread when nothing posted earlier is still on
-        its way (the order stays: posting happens under self._lock, which this holds)."""
+    def flush(self, here: bool = False) -> None:
+        """Send every queued request now (without waiting for anything). here: from this
+        thread, not the sender thread's, when nothing posted earlier is still on its way
+        (the order stays: posting happens under self._lock, which this holds)."""
         with self._lock:
             self._collect()
             batch = self._take_batch()
             if batch is None:
                 return
-            with self._outbox_cv:
-                busy = bool(self._outbox) or self._sending
-            if not busy or not self._post([batch]):
-                self._send_many([batch], drain=False)
+            if here:
+                with self._outbox_cv:
+                    here = not self._outbox and not self._sending
+            if here or not self._post([batch]):
+                self._send_many([batch], drain=not here)
 
     def _take_batch(self) -> Optional[tuple]:
         """The queued requests as one Batch message (type, meta, payloads, 0); None if none."""
@@ -310,7 +304,7 @@ class Session:
             # the sender thread is idle: a hand-over to it (a wake-up, GIL traffic) cost
             # more than the send on 2 shared cores.
             self._queue(msg)
-            self._flush_here()
+            self.flush(here=True)
             return
         if self._journal is not None:
             self._journal.define_graph(msg.graph_id, m.encode(msg))
