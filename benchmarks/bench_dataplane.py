@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -318,14 +319,22 @@ def sweep_main(kind: str, total_mib: int) -> int:
     return 0
 
 
+def _rate(gbps: float) -> str:
+    """Two decimals, or three significant digits below 0.1 GB/s: a first transfer on a
+    loaded host can take milliseconds, and it must not print as 0.00."""
+    if gbps <= 0 or gbps >= 0.1:
+        return f"{gbps:.2f}"
+    return f"{gbps:.{2 - math.floor(math.log10(gbps))}f}"
+
+
 def sweep_table(results: dict) -> str:
     """results: transport -> sweep_main's rows."""
     kinds = list(results)
     head = f"{'user sweep, GB/s one way':34}" + "".join(f" {k + ' up':>10} {k + ' down':>10}" for k in kinds)
     lines = [head]
     for label in next(iter(results.values())):
-        lines.append(f"{label:34}" + "".join(f" {results[k][label]['up_gbps']:10.2f} "
-                                             f"{results[k][label]['down_gbps']:10.2f}" for k in kinds))
+        lines.append(f"{label:34}" + "".join(f" {_rate(results[k][label]['up_gbps']):>10} "
+                                             f"{_rate(results[k][label]['down_gbps']):>10}" for k in kinds))
     lines.append("(up: .to('remote_accel') of fresh client tensors until the server holds them; down: .cpu(); "
                  "round 1: memory first used on both sides, round 2: what round 1 freed; each checked)")
     return "\n".join(lines)

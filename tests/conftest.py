@@ -11,6 +11,11 @@ import os
 import pytest
 
 CI = os.environ.get("REMOTE_ACCEL_CI") == "1"
+
+# Every process a test starts (clients, servers, benchmarks) inherits this: one that dies
+# of a signal (SIGSEGV, SIGABRT) then prints each thread's Python stack to stderr, where
+# the test's failure message shows it, instead of a bare nonzero exit with nothing said.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 #: skip reasons that CI must never see (every such skip names one of these)
 MUST_RUN_IN_CI = ("root", "tcpdump", "network namespaces", "aarch64", "DPDK transport unavailable",
                   "DPDK transport not built", "DPDK transport is not built", "DPDK drivers are not installed",

@@ -68,5 +68,5 @@ def test_small_reads_and_their_errors_over_memif():
     with ServerProcess("--transport", "tcp,dpdk", start_timeout=CLIENT_TIMEOUT_S) as server:
         proc = subprocess.run([sys.executable, "-c", CLIENT, server.token], env=dict(os.environ, **server.client_env()),
                               text=True, capture_output=True, timeout=CLIENT_TIMEOUT_S)
-        assert proc.returncode == 0 and proc.stdout.startswith("ok"), f"{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0 and proc.stdout.startswith("ok"), f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         assert server.alive() and "Traceback" not in server.log(), server.log()
