@@ -58,6 +58,43 @@ void read_item(const std::string& meta, const BatchItem& item) {
   check(r.pos() <= item.end);
 }
 
+// attach_payloads (the C++ loop's Batches with uploads): lengths equal to the sizes the
+// WRITEs name are taken, each WRITE's payload starting where the one before it ended;
+// one payload more, or one size changed, is refused.
+void check_payloads(const std::string& meta, std::vector<BatchItem> items) {
+  std::vector<uint64_t> lengths;
+  for (const auto& item : items) {
+    if (item.type != wire::kWrite) continue;
+    wire::Reader r(reinterpret_cast<const uint8_t*>(meta.data()), meta.size());
+    r.seek(item.fields);
+    int64_t sid, offset, nbytes;
+    check(r.try_int(sid) && r.try_int(offset) && r.try_int(nbytes));
+    if (nbytes < 0) {  // no payload has that length: refused whatever the lengths say
+      check(!remote_accel::server::attach_payloads(meta, items, lengths.data(), lengths.size()));
+      return;
+    }
+    lengths.push_back(static_cast<uint64_t>(nbytes));
+  }
+  check(remote_accel::server::attach_payloads(meta, items, lengths.data(), lengths.size()));
+  uint64_t at = 0;
+  size_t k = 0;
+  for (const auto& item : items) {
+    if (item.type != wire::kWrite) {
+      check(item.payload == BatchItem::kNoPayload);
+      continue;
+    }
+    check(item.payload == at);
+    at += lengths[k++];
+  }
+  lengths.push_back(0);
+  check(!remote_accel::server::attach_payloads(meta, items, lengths.data(), lengths.size()));
+  lengths.pop_back();
+  if (!lengths.empty()) {
+    lengths.back() += 1;
+    check(!remote_accel::server::attach_payloads(meta, items, lengths.data(), lengths.size()));
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -75,5 +112,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     last_end = item.end;
   }
   check(items.empty() || last_end == size);  // after the last item: nothing (scan_batch checked at_end)
+  check_payloads(meta, items);
   return 0;
 }

@@ -92,7 +92,7 @@ def _work(transport: str, fast_loop: str) -> dict:
     env = {"REMOTE_ACCEL_SERVER_FAST_LOOP": fast_loop}
     with _server(transport, env=env) as server:
         proc = _run(WORK, server, transport)
-        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"
         assert server.alive() and "Traceback" not in server.log(), server.log()
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -110,6 +110,69 @@ def test_the_loop_serves_batches_reads_and_syncs_with_the_results_python_gives(t
     for remote, local in fast["rows"]:
         assert remote == pytest.approx(local, rel=1e-4, abs=1e-4)
     assert fast["items"] == slow["items"] and fast["rows"] == slow["rows"]  # bit for bit
+
+
+# A training step's small uploads (`x.to(device)`, `t.copy_(cpu)`) leave in the step's
+# Batch with their bytes: a CPU server's loop runs such a Batch whole, each WRITE in
+# order with the ops around it (an op queued before an upload reads the old bytes).
+# A WRITE outside its storage is Python's to report, with the payload the loop kept.
+UPLOADS = PRELUDE + textwrap.dedent("""
+    from remote_accel.pytorch_ext import handles
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 64, generator=gen).to("remote_accel")
+    buf = torch.zeros(64, device="remote_accel")
+    rows = []
+    for step in range(30):
+        x = torch.randn(8, 64, generator=gen)
+        y = (x.to("remote_accel") @ w).tanh()  # a fresh storage: ALLOC, WRITE, then ops
+        before = buf.sum()  # queued before the upload below: it must see the old bytes
+        buf.copy_(torch.full((64,), float(step)))  # a WRITE into a storage ops use
+        after = buf * 2
+        rows.append([y.sum().item(), before.item(), after.sum().item(), (x @ w.cpu()).tanh().sum().item()])
+    # Batches of nothing but uploads, each followed by a SYNC: every one is the loop's
+    uploads_before = served()[0]
+    for step in range(20):
+        up = torch.randn(16, generator=gen).to("remote_accel")
+        torch.remote_accel.synchronize()
+    upload_batches = served()[0] - uploads_before
+    served_before = served()
+    # an upload past the end of its storage, queued between two good ones
+    small = torch.zeros(4, device="remote_accel")
+    sid = handles.announce(small, 0)
+    small.copy_(torch.ones(4))
+    runtime.session(0).write(sid, 1 << 20, bytes(16))
+    small.add_(1)
+    try:
+        small.sum().item()
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"rows": rows, "error": error, "after_error": small.cpu().tolist(), "uploads": upload_batches,
+                      "served": served(), "served_before": served_before}))
+""")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_batches_with_uploads_run_in_the_loop_in_order_with_python_s_results(transport):
+    runs = {}
+    for fast_loop in ("1", "0"):
+        with _server(transport, env={"REMOTE_ACCEL_SERVER_FAST_LOOP": fast_loop}) as server:
+            proc = _run(UPLOADS, server, transport)
+            assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"
+            assert server.alive(), server.log()
+        runs[fast_loop] = json.loads(proc.stdout.strip().splitlines()[-1])
+    fast, slow = runs["1"], runs["0"]
+    for step, (remote, before, after, local) in enumerate(fast["rows"]):
+        assert remote == pytest.approx(local, rel=1e-4, abs=1e-4)
+        assert before == (64.0 * (step - 1) if step else 0.0)  # the bytes before this step's upload
+        assert after == 64.0 * step * 2
+    assert fast["rows"] == slow["rows"]  # bit for bit
+    assert fast["uploads"] == 20, fast  # each Batch with an upload ran in the loop
+    assert slow["served"] == [0, 0, 0]
+    # the bad WRITE: Python's error, told at the next sync point; the session goes on
+    assert fast["error"] is not None and "outside storage" in fast["error"], fast["error"]
+    assert fast["error"] == slow["error"]
+    assert fast["after_error"] == slow["after_error"]
 
 
 ERRORS = PRELUDE + textwrap.dedent("""
@@ -138,7 +201,7 @@ ERRORS = PRELUDE + textwrap.dedent("""
 def test_an_op_that_fails_in_the_loop_is_reported_at_the_next_sync_point(transport):
     with _server(transport) as server:
         proc = _run(ERRORS, server, transport)
-        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"
         assert server.alive(), server.log()
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["end"][0] > figures["before"][0]  # the failing Batch went through the loop
@@ -168,7 +231,7 @@ def test_a_long_batch_in_the_loop_keeps_sending_heartbeats(transport):
     must not look like a dead server (the heartbeat thread sees the loop busy)."""
     with _server(transport) as server:
         proc = _run(LONG, server, transport, timeout_s=1.5)
-        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["seconds"] > 3 * 1.5, figures  # far longer than the silence it accepts
     assert figures["served"][0] > figures["before"][0]  # and the loop ran them
@@ -197,7 +260,7 @@ FIRST_TRIPS = PRELUDE + textwrap.dedent("""
 def test_a_new_memif_connection_takes_no_page_fault_per_round_trip():
     with _server("dpdk") as server:
         proc = _run(FIRST_TRIPS, server, "dpdk", extra=(str(server.proc.pid),))
-        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{server.log()}"
+        assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"
     faults = json.loads(proc.stdout.strip().splitlines()[-1])
     # a few from Python and torch's own allocations; a fault per trip would be 500
     assert faults["client"] < 100 and faults["server"] < 100, faults

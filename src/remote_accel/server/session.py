@@ -316,9 +316,10 @@ class Session(Receiving):
 
     def _run_native(self, batch: NativeBatch, stopped: Optional[tuple] = None, writes=None) -> None:
         """Run a scanned Batch: C++ runs what it can with the GIL released and stops at
-        each item Python must run (RunOp, plans without a template, graph reruns, WRITEs)
-        or that failed. stopped: where the C++ loop's run of it stopped (Executor.resume's
-        answer); writes: the placed payloads of its WRITEs, in order (receiving.py)."""
+        each item Python must run (RunOp, plans without a template, graph reruns, WRITEs
+        it has no payload for or cannot do) or that failed. stopped: where the C++ loop's
+        run of it stopped (Executor.resume's answer); writes: the placed payloads of its
+        WRITEs, in order (receiving.py), when Python received them."""
         writes = iter(()) if writes is None else writes
         first = 0
         while True:
@@ -333,7 +334,13 @@ class Session(Receiving):
                 if stop == native.ERROR:
                     raise native.to_exception(*error)
                 value, _ = codec.decode_at(batch.meta, begin)
-                self._execute(m.batch_items(m.Batch((value,)))[0], writes)
+                item = m.batch_items(m.Batch((value,)))[0]
+                held = self.executor.native.held_payload(index) if type(item) is m.WriteStorage else None
+                if held is not None:  # the C++ loop kept its payload and did not write it: Python says why
+                    staging = torch.tensor(bytearray(held), dtype=torch.uint8)
+                    self._write(item, WriteTarget(None, staging=staging))
+                else:
+                    self._execute(item, writes)
             except Exception as exc:
                 self._fail(exc)
 

@@ -5,16 +5,50 @@
 #include "batch_scan.h"
 #include "codec.h"
 
+#include <cstring>
+
 namespace remote_accel::server {
 
 using wire::Malformed;
 using wire::Reader;
 
-bool Executor::scan(std::string meta) {
+bool Executor::scan(std::string meta, std::string_view payloads, const std::vector<uint64_t>* lengths) {
   meta_ = std::move(meta);
+  payloads_.clear();
   base_ = table_.seq() + 1;
   ahead_ = 0;
-  return scan_batch(meta_, items_);
+  if (!scan_batch(meta_, items_)) return false;
+  if (lengths == nullptr) return true;
+  if (!attach_payloads(meta_, items_, lengths->data(), lengths->size())) return false;
+  // a copy: a run that stops for Python outlives the link's buffer (small: it held them)
+  payloads_.assign(payloads.data(), payloads.size());
+  return true;
+}
+
+std::optional<std::string_view> Executor::held_payload(size_t i) const {
+  if (i >= items_.size() || items_[i].type != wire::kWrite || items_[i].payload == Item::kNoPayload) {
+    return std::nullopt;
+  }
+  const size_t next = [&] {  // where the next WRITE's payload begins: this one's end
+    for (size_t j = i + 1; j < items_.size(); ++j) {
+      if (items_[j].type == wire::kWrite) return items_[j].payload;
+    }
+    return payloads_.size();
+  }();
+  return std::string_view(payloads_).substr(items_[i].payload, next - items_[i].payload);
+}
+
+bool Executor::write(int64_t sid, int64_t offset, int64_t nbytes, const char* bytes) {
+  if (table_.device().type() != c10::DeviceType::CPU || offset < 0 || nbytes < 0) return false;
+  const c10::Storage* storage = nullptr;
+  try {
+    storage = table_.resident(sid);  // pinned until the session's unpin(0) after the message
+  } catch (...) {
+    return false;  // e.g. a swap-in that failed: Python's byte_range raises it again
+  }
+  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
+  if (nbytes > 0) std::memcpy(static_cast<char*>(storage->mutable_data()) + offset, bytes, nbytes);
+  return true;
 }
 
 Executor::Stop Executor::resume(size_t first) {
@@ -45,6 +79,11 @@ Executor::Stop Executor::resume(size_t first) {
         table_.alloc(sid, r.int_value("nbytes"));
         forget(sid);
         alloc_requests_.store(alloc_requests() + 1, std::memory_order_relaxed);
+      } else if (item.type == wire::kWrite && item.payload != Item::kNoPayload) {
+        const int64_t sid = r.int_value("sid");
+        const int64_t offset = r.int_value("offset");
+        const int64_t nbytes = r.int_value("nbytes");
+        if (!write(sid, offset, nbytes, payloads_.data() + item.payload)) return slow;
       } else if (item.type == wire::kFree) {
         const uint32_t n = r.container(wire::kTuple, "sids");
         std::vector<int64_t> sids(n);

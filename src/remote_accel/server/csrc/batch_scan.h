@@ -14,9 +14,11 @@ namespace remote_accel::server {
 
 // One item of a checked Batch: where its bytes are in the meta.
 struct BatchItem {
+  static constexpr size_t kNoPayload = SIZE_MAX;
   int64_t type;
   size_t begin, end;  // the item's bytes (its (type, fields) tuple)
   size_t fields;  // where its fields' values start, after the fields tuple's header
+  size_t payload = kNoPayload;  // a WRITE's: its bytes' offset in the Batch's payloads (attach_payloads)
 };
 
 namespace batch_detail {
@@ -29,7 +31,7 @@ inline bool check_fields(wire::Reader& r, int64_t type, uint32_t n) {
   switch (type) {
     case wire::kAlloc:
       return n == 2 && r.try_int(v) && r.try_int(v);
-    case wire::kWrite:  // sid, offset, nbytes; Python places the payload and runs it
+    case wire::kWrite:  // sid, offset, nbytes; its payload: attach_payloads, or Python places it
       return n == 3 && r.try_int(v) && r.try_int(v) && r.try_int(v);
     case wire::kRunPlanned:
       if (n != 2 || !r.try_int(v) || r.peek() != wire::kTuple) return false;
@@ -90,6 +92,31 @@ inline bool scan_batch(std::string_view meta, std::vector<BatchItem>& items) {
   } catch (const wire::Malformed&) {
     return false;  // Python decodes it again and says what is wrong
   }
+}
+
+// The payloads of a scanned Batch that arrived whole (the k-th WRITE item's payload is
+// the message's k-th, as messages.batch_items and Session.write pair them): sets each
+// WRITE's `payload` offset; false when the counts or a WRITE's size disagree with the
+// lengths the prologue gives (Python then decodes the message and says so).
+inline bool attach_payloads(std::string_view meta, std::vector<BatchItem>& items, const uint64_t* lengths,
+                            size_t n) {
+  size_t k = 0;
+  uint64_t at = 0;
+  try {
+    for (auto& item : items) {
+      if (item.type != wire::kWrite) continue;
+      wire::Reader r(reinterpret_cast<const uint8_t*>(meta.data()), meta.size());
+      r.seek(item.fields);
+      int64_t sid, offset, nbytes;
+      if (!r.try_int(sid) || !r.try_int(offset) || !r.try_int(nbytes)) return false;
+      if (k == n || nbytes < 0 || static_cast<uint64_t>(nbytes) != lengths[k]) return false;
+      item.payload = static_cast<size_t>(at);
+      at += lengths[k++];
+    }
+  } catch (const wire::Malformed&) {
+    return false;
+  }
+  return k == n;
 }
 
 }  // namespace remote_accel::server

@@ -87,13 +87,15 @@ FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pend
     out.code = kMessage;
     out.value = n;
     const shim_msg_info& info = info_;
-    // only whole, well-formed, payload-free messages that the link holds whole
-    if (info.status != 0 || static_cast<uint64_t>(n) != info.msg_len || info.n_payloads != 0) return out;
+    // only well-formed messages that the link holds whole; with payloads, only a CPU
+    // server's Batch (a training step's small uploads: its WRITEs are copied in here)
+    if (info.status != 0 || static_cast<uint64_t>(n) != info.msg_len) return out;
+    if (info.n_payloads != 0 && !(cpu_ && info.type == types_.batch)) return out;
     const char* meta = bytes + info.prologue_len - info.meta_len;
     int rc = 0;
     bool done = false;
     if (info.type == types_.batch) {
-      done = serve_batch(meta, info.meta_len, out);
+      done = serve_batch(meta, info.meta_len, bytes, out);
       if (!done && out.code == kStopped) {
         link_.consumed();  // the executor holds the batch now: Python resumes it, not the message
         return out;
@@ -115,9 +117,22 @@ FastLoop::Result FastLoop::run(int64_t timeout_ns, int64_t python_ops, bool pend
   }
 }
 
-bool FastLoop::serve_batch(const char* meta, size_t len, Result& out) {
+bool FastLoop::serve_batch(const char* meta, size_t len, const char* message, Result& out) {
+  const shim_msg_info& info = info_;
   try {
-    if (!executor_.scan(std::string(meta, len))) return false;
+    if (info.n_payloads == 0) {
+      if (!executor_.scan(std::string(meta, len))) return false;
+    } else {
+      // the prologue's payload lengths (big-endian, after the header; wire.py), then the
+      // payloads themselves after the meta
+      const auto* at = reinterpret_cast<const uint8_t*>(message) + SHIM_WIRE_HEADER;
+      lengths_.assign(info.n_payloads, 0);
+      for (auto& length : lengths_) {
+        for (int b = 0; b < 8; ++b) length = length << 8 | *at++;
+      }
+      const std::string_view payloads(message + info.prologue_len, info.payload_total);
+      if (!executor_.scan(std::string(meta, len), payloads, &lengths_)) return false;
+    }
   } catch (const wire::Malformed&) {
     return false;  // Python decodes it and says what is wrong
   }

@@ -4,7 +4,9 @@
 //
 // The loop takes messages off the connection through a Link (the shim's own recv for
 // DPDK, tcp_link.h for a TCP socket) and serves the common ones without the GIL: a Batch
-// the executor scans whole and runs to its end, a small READ of a CPU server (its bytes
+// the executor scans whole and runs to its end (on a CPU server also one that carries
+// small uploads whole in the link's buffer: its WRITEs copy their bytes in, in order with
+// the ops around them), a small READ of a CPU server (its bytes
 // sent straight out of the storage), a SYNC of a CPU server without a pending error.
 // Everything else goes back to Python (session.py) as it came: a message whose head lies
 // in the transport's own buffer (Python's finish_recv reads the rest), or a Batch stopped
@@ -112,7 +114,7 @@ class FastLoop {
 
  private:
   // Each returns true when it served the message, false when Python must (untouched).
-  bool serve_batch(const char* meta, size_t len, Result& out);
+  bool serve_batch(const char* meta, size_t len, const char* message, Result& out);
   bool serve_read(const char* meta, size_t len, uint32_t req_id, bool pending, int& rc);
   bool serve_sync(const char* meta, size_t len, uint32_t req_id, int64_t python_ops, bool pending, int& rc);
   int send(int type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes);
@@ -125,6 +127,7 @@ class FastLoop {
   size_t small_read_;
   std::string pong_meta_;
   std::string reply_meta_;  // scratch for a reply's encoded meta
+  std::vector<uint64_t> lengths_;  // scratch: a Batch's payload lengths
 
   std::mutex send_mu_;
   std::atomic<bool> busy_{false};  // read by the heartbeat's thread

@@ -323,6 +323,11 @@ PYBIND11_MODULE(_native, m) {
       })
       // -- batches
       .def("scan", [](Executor& s, const py::bytes& meta) { return s.scan(std::string(meta)); })
+      .def("held_payload", [](const Executor& s, size_t item) -> py::object {  // the C++ loop's copy, or None
+        const auto held = s.held_payload(item);
+        if (!held) return py::none();
+        return py::bytes(held->data(), held->size());
+      })
       .def("scanned_items", [](const Executor& s) {  // (type, start in the meta) of each item of the scanned Batch
         py::list out;
         for (const auto& item : s.batch_items()) out.append(py::make_tuple(item.type, item.begin));

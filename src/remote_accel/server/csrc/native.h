@@ -229,9 +229,13 @@ class Executor {
   void run(int64_t plan, const std::vector<Value>& values);
 
   // -- batches (batch.cpp) --------------------------------------------------------------
-  // Checks a whole Batch's meta as messages.decode + batch_items would; false when it
-  // holds WRITE items (Python places their payloads). Throws wire::Malformed.
-  bool scan(std::string meta);
+  // Checks a whole Batch's meta as messages.decode + batch_items would; false when
+  // Python must decode it. With `lengths` (the message came whole, its `payloads` after
+  // the meta: the C++ loop's), its WRITEs run here too, from a copy of those bytes;
+  // without, each WRITE stops the run for Python, which has placed its payload.
+  bool scan(std::string meta, std::string_view payloads = {}, const std::vector<uint64_t>* lengths = nullptr);
+  // The payload scan() kept for WRITE item `i`, when it kept one.
+  std::optional<std::string_view> held_payload(size_t i) const;
   // Runs items from `first` on until one Python must run, an error, or the end.
   struct Stop {
     // initialized: a Stop is copied whole (FastLoop::Result) even when no batch set it,
@@ -266,6 +270,9 @@ class Executor {
             const std::vector<int64_t>& touched);
   void run_item(size_t i);
   void lookahead(size_t i);  // swap.cpp
+  // A WRITE of `nbytes` from `bytes` into a CPU storage; false when Python must run it
+  // (another device, or a range the storage lacks: Python raises the error).
+  bool write(int64_t sid, int64_t offset, int64_t nbytes, const char* bytes);
 
   void call_seeded(const Template& t, std::vector<c10::IValue>& stack);
 
@@ -279,6 +286,7 @@ class Executor {
   // the batch being run
   using Item = BatchItem;  // batch_scan.h: where each item's bytes are
   std::string meta_;
+  std::string payloads_;  // its WRITEs' payloads, when it came whole (scan)
   std::vector<Item> items_;
   uint64_t base_ = 0;  // the op sequence number of item 0
   size_t ahead_ = 0;  // items before this one have been looked ahead at
