@@ -12,6 +12,7 @@ how to rebuild).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from typing import Optional, Sequence
@@ -161,6 +162,7 @@ def init(
             handles.set_memory_limit(index, s.welcome.memory_limit)
         runtime.add(made)
         _register.set_device_count(len(made))
+        _close_at_exit()
     try:
         _register.check_autograd_queues(len(made))
     except RemoteAccelError:
@@ -293,6 +295,48 @@ def _forget_dead() -> None:
     for s in dead:
         s.close()
     _register.set_device_count(0)
+
+
+#: how long the interpreter's exit waits for the sessions' goodbyes (a hung server's
+#: full socket must not hang the user's process)
+EXIT_CLOSE_S = 5.0
+_exit_hook = False
+
+
+def _close_at_exit() -> None:
+    """Once per process: shut the sessions down when the interpreter exits, before it
+    tears down what their threads use. Without it, a script that never calls shutdown()
+    ends with its heartbeat, flush and send threads still running while Python finalises
+    (and, over DPDK, the connection's C memory is freed by its weakref.finalize at exit
+    under a thread that may be sending on it). The server is told goodbye after the work
+    still queued, as shutdown() does. atexit runs hooks last registered first: this one
+    runs before the transports' own finalizers."""
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    if not runtime.sessions():
+        return
+    done = threading.Thread(target=_shutdown_quietly, name="remote_accel-exit", daemon=True)
+    try:
+        done.start()
+    except RuntimeError:  # Python 3.12+ starts no thread once finalisation began
+        _shutdown_quietly()  # bounded by the transports' own send timeouts
+        return
+    done.join(EXIT_CLOSE_S)
+    if done.is_alive():
+        log.warning("remote_accel: the sessions did not close within %.0f s at exit; exiting without their goodbyes",
+                    EXIT_CLOSE_S)
+
+
+def _shutdown_quietly() -> None:
+    try:
+        shutdown()
+    except Exception as exc:  # the process is ending: say it, do not change its exit status
+        log.warning("remote_accel: closing the sessions at exit failed: %s", exc)
 
 
 def shutdown() -> None:

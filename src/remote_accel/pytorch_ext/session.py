@@ -726,6 +726,18 @@ class Session:
                     self._send(m.Goodbye(), [])
             except RemoteAccelError:
                 pass
+        self._join_threads()
         if self.native_queue is not None:
             self.native_queue.close()
         self.transport.close()
+
+    def _join_threads(self, timeout: float = 2.0) -> None:
+        """Let the heartbeat, flush and send threads end before the transport they use
+        closes (a DPDK connection's C memory goes with it). Each ends at once once
+        _stop is set, unless it is in the middle of a send, which its transport bounds."""
+        with self._outbox_cv:
+            self._outbox_cv.notify_all()  # the sender ends now, not at its next wake-up
+        me = threading.current_thread()
+        for thread in (self._heartbeat, self._flusher, self._sender):
+            if thread is not None and thread is not me:
+                thread.join(timeout)

@@ -1,0 +1,69 @@
+"""A script that ends without remote_accel.shutdown(), as most scripts do: it exits
+cleanly (status 0, nothing on stderr), no session thread is left running while the
+interpreter tears down (over DPDK, under a connection whose C memory is freed at exit),
+and the server frees the session at once (over TCP the session says goodbye after its
+queued work). One client process per case (one EAL per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from remote_accel.server.testing import ServerProcess
+
+try:
+    from remote_accel.dataplane import dpdk  # noqa: F401
+    DPDK_MISSING = ""
+except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
+    DPDK_MISSING = f"DPDK transport unavailable: {exc}"
+
+TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk,
+                                                 pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)])]
+
+# work left queued at the end (never synced), and a heartbeat's worth of idle time before
+# it, so that every session thread has run
+SCRIPT = textwrap.dedent("""
+    import atexit, sys, threading, time, torch, remote_accel
+
+    @atexit.register  # registered first, so it runs after remote_accel's own exit hook
+    def threads_left():
+        print("left", sorted(t.name for t in threading.enumerate() if t.name.startswith("remote_accel")))
+
+    token, transport, address = sys.argv[1:4]
+    if transport == "dpdk":
+        remote_accel.init(transport="dpdk", port=0, token=token)
+    else:
+        remote_accel.init(transport="tcp", server=address, token=token)
+    x = torch.randn(256, 256, device="remote_accel")
+    print((x @ x).sum().item() != 0.0)
+    time.sleep(1.5)
+    for _ in range(50):
+        x = torch.tanh(x @ x)
+    print("end", flush=True)
+""")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_script_that_never_calls_shutdown_exits_cleanly_and_says_goodbye(transport):
+    with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", start_timeout=240) as server:
+        host, port = server.tcp
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, server.token, transport, f"{host}:{port}"],
+                              env=dict(os.environ, **server.client_env()), capture_output=True, text=True,
+                              timeout=240)
+        assert proc.returncode == 0 and proc.stdout.splitlines() == ["True", "end", "left []"], \
+            f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        assert "Traceback" not in proc.stderr and "Fatal" not in proc.stderr, proc.stderr
+        deadline = time.monotonic() + 10  # far below the heartbeat timeout (30 s)
+        while "client disconnected" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ended = [line for line in server.log().splitlines() if "client disconnected" in line]
+        assert ended, server.log()[-3000:]
+        if transport == "tcp":  # in order on the stream: the queued work, then the goodbye
+            assert ended[0].split(": ")[-1].startswith("goodbye; freed"), ended
+            assert int(ended[0].rsplit("after ", 1)[1].split()[0]) > 100, ended  # the 100 queued ops ran
+        assert server.alive(), server.log()[-3000:]
