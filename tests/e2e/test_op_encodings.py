@@ -21,7 +21,7 @@ from remote_accel.dataplane import codec
 from remote_accel.dataplane import messages as m
 from remote_accel.torch_wire import values as torch_values
 from remote_accel.pytorch_ext import fallback, runtime
-from remote_accel.pytorch_ext.session import FLUSH_AFTER_S
+from remote_accel.pytorch_ext.session import FIRST_BATCH_ITEMS, FLUSH_AFTER_S, MAX_BATCH_ITEMS
 from remote_accel.server.testing import ServerProcess
 
 
@@ -439,3 +439,40 @@ def test_freed_storages_leave_in_one_free_after_the_requests_queued_before(sessi
     assert len(frees) == 1 and items[-1][0] == m.FreeStorage.TYPE, items
     assert len(frees[0].sids) == 2
     assert d.cpu().tolist() == [4.0] * 4  # and the server took the FREE well
+
+
+def test_after_a_sync_point_batches_start_small_and_double(session):
+    """Slow start (csrc/op_queue_internal.h): after a sync point the server has nothing
+    to do, so the C++ queue's batch leaves at FIRST_BATCH_ITEMS requests and each full
+    batch after it at twice as many, up to MAX_BATCH_ITEMS; the next sync starts over."""
+    x = torch.zeros(4, device="remote_accel")
+    x.add_(1)  # its plan: later calls are served in C++
+    assert x.sum().item() == 4.0
+    sizes = []  # the ops of each take of the C++ queue (a batch's, without its FREE item)
+    queue = session.native_queue
+    take = queue.take
+
+    def recording():
+        taken = take()
+        sizes.append(taken[1])
+        return taken
+
+    queue.take = recording
+    try:
+        for _ in range(1000):
+            x.add_(1)
+        assert x.sum().item() == 1001 * 4.0
+        first_round = len(sizes)
+        for _ in range(100):
+            x.add_(1)
+        assert x.sum().item() == 1101 * 4.0
+    finally:
+        del queue.take
+    expected, limit, left = [], FIRST_BATCH_ITEMS, 1000  # the batches the add_ calls fill
+    while left >= limit:
+        expected.append(limit)
+        left, limit = left - limit, min(2 * limit, MAX_BATCH_ITEMS)
+    assert sizes[:len(expected)] == expected, sizes
+    assert sizes[len(expected):first_round] == [left + 1]  # the rest and the sum, with the READ
+    assert sizes[first_round:] == [FIRST_BATCH_ITEMS, 2 * FIRST_BATCH_ITEMS,
+                                   100 - 3 * FIRST_BATCH_ITEMS + 1], sizes  # started over

@@ -21,7 +21,7 @@ from ..dataplane.codec import Ext
 from ..dataplane.wire import MsgType
 from ..torch_wire import values as tv
 from . import handles, meta, runtime, sparse, transfer
-from .session import MAX_BATCH_ITEMS
+from .session import FIRST_BATCH_ITEMS, MAX_BATCH_ITEMS
 
 log = logging.getLogger(__name__)
 _C = handles._C
@@ -331,7 +331,8 @@ def register() -> None:
     """Install the C++ fallback for every op at the PrivateUse1 key (once per process)."""
     global _installed
     if not _installed:
-        _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), MAX_BATCH_ITEMS)
+        _C.install_op_fallback(slow_path, _flush, int(MsgType.ALLOC), int(MsgType.RUN_PLANNED), FIRST_BATCH_ITEMS,
+                               MAX_BATCH_ITEMS)
         _C.install_scalar_read(transfer.read_scalar)
         sparse.register(lambda op, args, kwargs: run_with_reply(op, args, kwargs, _device_index(args, kwargs)))
         _installed = True

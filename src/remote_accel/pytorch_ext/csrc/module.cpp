@@ -224,10 +224,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("install_scalar_read", &ra::install_scalar_read, py::arg("read_scalar"),
         "Serve .item() through read_scalar(tensor) -> the element's bytes or None (once per process).");
   m.def("install_op_fallback", &ra::install_op_fallback, py::arg("slow_path"), py::arg("flush"),
-        py::arg("alloc_type"), py::arg("run_planned_type"), py::arg("max_items"),
+        py::arg("alloc_type"), py::arg("run_planned_type"), py::arg("first_items"), py::arg("max_items"),
         "Install the fallback for every op at PrivateUse1 (once): calls without a cached plan run "
         "slow_path(op, args, kwargs, want_plan) -> (results, plan, or None, or False: never for this op); "
-        "flush(device index) sends a queue that reached max_items requests.");
+        "flush(device index) sends a queue that reached its length: first_items after a batch that left "
+        "before it was full, twice the last length after a full one, at most max_items.");
   m.def("queue_open", [](int device) { ra::queue_open(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Accept requests for this device (a new session: no storage announced).");
   m.def("queue_close", [](int device) { ra::queue_close(static_cast<c10::DeviceIndex>(device)); },

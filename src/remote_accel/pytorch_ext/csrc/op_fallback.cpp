@@ -305,14 +305,16 @@ void install_scalar_read(py::function read_scalar) {
 // ---------------------------------------------------------------------------------------
 
 void install_op_fallback(py::function slow_path, py::function flush, int64_t alloc_type, int64_t run_planned_type,
-                         int64_t max_items) {
+                         int64_t first_items, int64_t max_items) {
   TORCH_CHECK(g_slow_path == nullptr, "remote_accel: the op fallback is already installed");
-  TORCH_CHECK(max_items > 0, "remote_accel: max_items must be positive");
+  TORCH_CHECK(first_items > 0 && first_items <= max_items,
+              "remote_accel: need 0 < first_items <= max_items");
   // Leaked, with the registrations below: the fallback may run until interpreter exit.
   g_slow_path = new py::function(std::move(slow_path));
   g_flush = new py::function(std::move(flush));
   g_alloc_type = alloc_type;
   g_run_planned_type = run_planned_type;
+  g_first_items = first_items;
   g_max_items = max_items;
   auto* every_op = registered(new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__));
   every_op->fallback(torch::CppFunction::makeFromBoxedFunction<&op_fallback>());

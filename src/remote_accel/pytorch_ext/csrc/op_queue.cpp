@@ -28,6 +28,7 @@ Queue& queue(c10::DeviceIndex device) {
 
 std::atomic<int64_t> g_alloc_type{-1};
 std::atomic<int64_t> g_run_planned_type{-1};
+std::atomic<int64_t> g_first_items{256};
 std::atomic<int64_t> g_max_items{256};
 
 // Queues ALLOC(sid, nbytes); the caller holds q.mu and checked q.open.
@@ -54,6 +55,8 @@ void reset(Queue& q, bool open) {
   q.open = open;
   q.bytes.clear();
   q.requests = q.ops = 0;
+  q.limit = g_first_items.load(std::memory_order_relaxed);
+  q.filled = false;
 }
 } // namespace
 
@@ -95,6 +98,9 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, in
   }
   auto taken = std::make_tuple(requests, q.ops, std::move(bytes));
   q.requests = q.ops = 0;
+  q.limit = q.filled ? std::min(2 * q.limit, g_max_items.load(std::memory_order_relaxed))
+                     : g_first_items.load(std::memory_order_relaxed);
+  q.filled = false;
   return taken;
 }
 

@@ -26,9 +26,10 @@ namespace remote_accel {
 // Python's side of the fallback, installed once by fallback.register():
 // slow_path(op, args, kwargs, want_plan) -> (results, plan or None or False),
 // flush(device index); alloc_type, run_planned_type: the wire numbers of ALLOC and
-// RUN_PLANNED requests; max_items: queue length that makes a batch leave.
+// RUN_PLANNED requests; a batch leaves at first_items requests after one that left
+// before it was full (a sync point), then at twice as many each time, up to max_items.
 void install_op_fallback(pybind11::function slow_path, pybind11::function flush, int64_t alloc_type,
-                         int64_t run_planned_type, int64_t max_items);
+                         int64_t run_planned_type, int64_t first_items, int64_t max_items);
 
 // `.item()` of a remote tensor: read_scalar(tensor) -> the element's bytes (one READ), or
 // None for the fallback's general path. Registers the _local_scalar_dense kernel.

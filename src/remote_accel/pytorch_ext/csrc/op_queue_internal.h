@@ -44,6 +44,12 @@ struct Queue {
   std::string bytes;  // encoded batch items, back to back
   int64_t requests = 0;
   int64_t ops = 0;
+  // The batch leaves at `limit` requests. It starts small after a batch that left before
+  // it was full (a sync point, the timer flush: the server has likely run out of work),
+  // so that the server starts at once, and doubles with each full batch up to
+  // g_max_items while the client keeps queueing (slow start: queue_take).
+  int64_t limit = 1;  // set by reset() when the queue opens
+  bool filled = false;  // this batch reached its limit
   std::unordered_set<uint64_t> announced;  // storage ids the server holds
 };
 
@@ -53,6 +59,7 @@ Queue& queue(c10::DeviceIndex device);
 // Wire numbers and the batch length, set once by install_op_fallback.
 extern std::atomic<int64_t> g_alloc_type;
 extern std::atomic<int64_t> g_run_planned_type;
+extern std::atomic<int64_t> g_first_items;
 extern std::atomic<int64_t> g_max_items;
 
 // Queues ALLOC(sid, nbytes); the caller holds q.mu and checked q.open.

@@ -156,7 +156,8 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
     }
     ++q.requests;
     ++q.ops;
-    full = q.requests >= g_max_items.load(std::memory_order_relaxed);
+    full = q.requests >= q.limit;
+    q.filled = q.filled || full;
   }
   plans().hits.fetch_add(1, std::memory_order_relaxed);
   if (full) {
