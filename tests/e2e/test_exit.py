@@ -48,6 +48,32 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+FORKED_CHILD = textwrap.dedent("""
+    import os, sys, torch, remote_accel
+    token, address = sys.argv[1:3]
+    remote_accel.init(transport="tcp", server=address, token=token)
+    x = torch.ones(8, device="remote_accel")
+    pid = os.fork()
+    if pid == 0:  # a child that ends normally runs the atexit hooks it inherited
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    print((x * 3).sum().item())  # the parent's session is still its own
+""")
+
+
+def test_a_forked_child_that_exits_leaves_the_parent_s_session_alone():
+    with ServerProcess() as server:
+        host, port = server.tcp
+        proc = subprocess.run([sys.executable, "-c", FORKED_CHILD, server.token, f"{host}:{port}"],
+                              env=dict(os.environ, **server.client_env()), capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and proc.stdout.split() == ["24.0"], \
+            f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()[-3000:]}"
+        # one session from start to end: not ended by the child, then recovered on a new one
+        assert server.log().count("client connected") == 1 and "recover" not in proc.stderr, \
+            f"{proc.stderr}\n{server.log()[-3000:]}"
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_script_that_never_calls_shutdown_exits_cleanly_and_says_goodbye(transport):
     with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", start_timeout=240) as server:

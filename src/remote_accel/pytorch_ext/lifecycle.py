@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from typing import Optional, Sequence
 
@@ -300,7 +301,7 @@ def _forget_dead() -> None:
 #: how long the interpreter's exit waits for the sessions' goodbyes (a hung server's
 #: full socket must not hang the user's process)
 EXIT_CLOSE_S = 5.0
-_exit_hook = False
+_exit_hook_pid = 0  # the process that registered the hook (a forked child inherits it)
 
 
 def _close_at_exit() -> None:
@@ -311,14 +312,16 @@ def _close_at_exit() -> None:
     under a thread that may be sending on it). The server is told goodbye after the work
     still queued, as shutdown() does. atexit runs hooks last registered first: this one
     runs before the transports' own finalizers."""
-    global _exit_hook
-    if not _exit_hook:
-        _exit_hook = True
+    global _exit_hook_pid
+    if _exit_hook_pid != os.getpid():
+        _exit_hook_pid = os.getpid()
         atexit.register(_shutdown_at_exit)
 
 
 def _shutdown_at_exit() -> None:
-    if not runtime.sessions():
+    # A child forked after init() inherits the hook and the sessions; they are its
+    # parent's: a goodbye over the shared socket would end the parent's session.
+    if os.getpid() != _exit_hook_pid or not runtime.sessions():
         return
     done = threading.Thread(target=_shutdown_quietly, name="remote_accel-exit", daemon=True)
     try:
