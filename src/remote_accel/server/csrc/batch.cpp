@@ -38,19 +38,6 @@ std::optional<std::string_view> Executor::held_payload(size_t i) const {
   return std::string_view(payloads_).substr(items_[i].payload, next - items_[i].payload);
 }
 
-bool Executor::write(int64_t sid, int64_t offset, int64_t nbytes, const char* bytes) {
-  if (table_.device().type() != c10::DeviceType::CPU || offset < 0 || nbytes < 0) return false;
-  const c10::Storage* storage = nullptr;
-  try {
-    storage = table_.resident(sid);  // pinned until the session's unpin(0) after the message
-  } catch (...) {
-    return false;  // e.g. a swap-in that failed: Python's byte_range raises it again
-  }
-  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
-  if (nbytes > 0) std::memcpy(static_cast<char*>(storage->mutable_data()) + offset, bytes, nbytes);
-  return true;
-}
-
 Executor::Stop Executor::resume(size_t first) {
   for (size_t i = first; i < items_.size(); ++i) {
     const Item& item = items_[i];
@@ -83,7 +70,11 @@ Executor::Stop Executor::resume(size_t first) {
         const int64_t sid = r.int_value("sid");
         const int64_t offset = r.int_value("offset");
         const int64_t nbytes = r.int_value("nbytes");
-        if (!write(sid, offset, nbytes, payloads_.data() + item.payload)) return slow;
+        const c10::Storage* storage = host_storage(sid, offset, nbytes);
+        if (storage == nullptr) return slow;  // Python runs it from held_payload and says why
+        if (nbytes > 0) {
+          std::memcpy(static_cast<char*>(storage->mutable_data()) + offset, payloads_.data() + item.payload, nbytes);
+        }
       } else if (item.type == wire::kFree) {
         const uint32_t n = r.container(wire::kTuple, "sids");
         std::vector<int64_t> sids(n);

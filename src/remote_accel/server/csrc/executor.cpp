@@ -346,4 +346,16 @@ void Executor::place(const std::vector<c10::IValue>& results, const std::vector<
   }
 }
 
+const c10::Storage* Executor::host_storage(int64_t sid, int64_t offset, int64_t nbytes) {
+  if (table_.device().type() != c10::DeviceType::CPU || sid == 0 || offset < 0 || nbytes < 0) return nullptr;
+  const c10::Storage* storage = nullptr;
+  try {
+    storage = table_.resident(sid);
+  } catch (...) {
+    return nullptr;  // e.g. a swap-in that failed: Python's path raises it again
+  }
+  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return nullptr;
+  return storage;
+}
+
 }  // namespace remote_accel::server

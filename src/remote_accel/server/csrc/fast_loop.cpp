@@ -23,16 +23,8 @@ bool int_fields(const char* meta, size_t len, int64_t* out, uint32_t n) {
 }
 
 bool small_read(Executor& executor, int64_t sid, int64_t offset, int64_t nbytes, const char** bytes) {
-  if (executor.table().device().type() != c10::DeviceType::CPU || sid == 0 || offset < 0 || nbytes < 0) {
-    return false;
-  }
-  const c10::Storage* storage = nullptr;
-  try {
-    storage = executor.table().resident(sid);
-  } catch (...) {
-    return false;  // e.g. a swap-in that failed: Python's path raises it again
-  }
-  if (storage == nullptr || offset > static_cast<int64_t>(storage->nbytes()) - nbytes) return false;
+  const c10::Storage* storage = executor.host_storage(sid, offset, nbytes);
+  if (storage == nullptr) return false;
   *bytes = static_cast<const char*>(storage->data()) + offset;
   return true;
 }

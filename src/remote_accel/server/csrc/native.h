@@ -197,6 +197,11 @@ class Executor {
       : table_(device, limit, std::move(pool)) {}
 
   Table& table() { return table_; }
+  // The storage of `sid` when bytes [offset, offset + nbytes) of it lie in host memory
+  // (a CPU server), swapped in and pinned until the table's unpin(); nullptr for
+  // anything else (a device storage, no such storage, a bad range, a swap-in that
+  // failed): Python's path then says what is wrong. Small reads and a Batch's WRITEs.
+  const c10::Storage* host_storage(int64_t sid, int64_t offset, int64_t nbytes);
   // read by metrics from other threads while a batch runs: atomic
   int64_t ops_done() const { return ops_done_.load(std::memory_order_relaxed); }
   // ALLOC requests run, and storages made for ops that write them instead (Hole::written)
@@ -270,9 +275,6 @@ class Executor {
             const std::vector<int64_t>& touched);
   void run_item(size_t i);
   void lookahead(size_t i);  // swap.cpp
-  // A WRITE of `nbytes` from `bytes` into a CPU storage; false when Python must run it
-  // (another device, or a range the storage lacks: Python raises the error).
-  bool write(int64_t sid, int64_t offset, int64_t nbytes, const char* bytes);
 
   void call_seeded(const Template& t, std::vector<c10::IValue>& stack);
 
