@@ -6,6 +6,7 @@ and fails. Elsewhere these tests skip, saying what they need."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -20,6 +21,25 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 MUST_RUN_IN_CI = ("root", "tcpdump", "network namespaces", "aarch64", "DPDK transport unavailable",
                   "DPDK transport not built", "DPDK transport is not built", "DPDK drivers are not installed",
                   "dpdk_shim sources", "remote_accel.dataplane.dpdk")
+
+
+@functools.cache
+def dpdk_missing() -> str:
+    """Why this machine cannot use the DPDK transport ("" when it can)."""
+    try:
+        from remote_accel.dataplane import dpdk  # noqa: F401
+    except ImportError as exc:  # UnavailableError: no DPDK, or the shim is not built
+        return f"DPDK transport unavailable: {exc}"
+    return ""
+
+
+@pytest.fixture(params=["tcp", pytest.param("dpdk", marks=pytest.mark.dpdk)])
+def transport(request, require_in_ci):
+    """The transport a test runs over, each in turn: TCP, then DPDK (memif), which skips
+    where the transport is missing (a failure in CI)."""
+    if request.param == "dpdk" and dpdk_missing():
+        require_in_ci(dpdk_missing())
+    return request.param
 
 
 @pytest.fixture

@@ -12,18 +12,7 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 from remote_accel.server.testing import ServerProcess
-
-try:
-    from remote_accel.dataplane import dpdk  # noqa: F401
-    DPDK_MISSING = ""
-except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
-    DPDK_MISSING = f"DPDK transport unavailable: {exc}"
-
-TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk,
-                                                 pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)])]
 
 # work left queued at the end (never synced), and a heartbeat's worth of idle time before
 # it, so that every session thread has run
@@ -74,7 +63,6 @@ def test_a_forked_child_that_exits_leaves_the_parent_s_session_alone():
             f"{proc.stderr}\n{server.log()[-3000:]}"
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_script_that_never_calls_shutdown_exits_cleanly_and_says_goodbye(transport):
     with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", start_timeout=240) as server:
         host, port = server.tcp

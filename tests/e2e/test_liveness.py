@@ -20,21 +20,8 @@ TIMEOUT_S = 2.0  # the client's silence limit: the work below takes several time
 WAIT_S = 300  # a loaded 2-core machine, EAL start-up: generous, it only bounds a hang
 
 
-def _dpdk_available() -> bool:
-    try:
-        from remote_accel.dataplane import dpdk  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk, pytest.mark.skipif(
-    not _dpdk_available(), reason="DPDK transport not built")])]
-
-
-@pytest.fixture(params=TRANSPORTS)
-def server(request):
-    transport = request.param
+@pytest.fixture
+def server(transport):
     with ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", start_timeout=WAIT_S) as proc:
         proc.transport = transport
         yield proc

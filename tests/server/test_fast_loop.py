@@ -29,9 +29,6 @@ try:
 except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
     DPDK_MISSING = f"DPDK transport unavailable: {exc}"
 
-TRANSPORTS = ["tcp", pytest.param("dpdk", marks=[pytest.mark.dpdk,
-                                                 pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)])]
-
 CLIENT_TIMEOUT_S = 240  # EAL start-up is a few seconds; a loaded 2-core machine is slow
 
 PRELUDE = textwrap.dedent("""
@@ -97,7 +94,6 @@ def _work(transport: str, fast_loop: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_loop_serves_batches_reads_and_syncs_with_the_results_python_gives(transport):
     fast, slow = _work(transport, "1"), _work(transport, "0")
     batches, reads, syncs = fast["served"]
@@ -152,7 +148,6 @@ UPLOADS = PRELUDE + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_batches_with_uploads_run_in_the_loop_in_order_with_python_s_results(transport):
     runs = {}
     for fast_loop in ("1", "0"):
@@ -197,7 +192,6 @@ ERRORS = PRELUDE + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_op_that_fails_in_the_loop_is_reported_at_the_next_sync_point(transport):
     with _server(transport) as server:
         proc = _run(ERRORS, server, transport)
@@ -225,7 +219,6 @@ LONG = PRELUDE + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_long_batch_in_the_loop_keeps_sending_heartbeats(transport):
     """The client gives up after 1.5 s of silence; a Batch the loop runs for longer
     must not look like a dead server (the heartbeat thread sees the loop busy)."""
