@@ -298,9 +298,6 @@ def _forget_dead() -> None:
     _register.set_device_count(0)
 
 
-#: how long the interpreter's exit waits for the sessions' goodbyes (a hung server's
-#: full socket must not hang the user's process)
-EXIT_CLOSE_S = 5.0
 _exit_hook_pid = 0  # the process that registered the hook (a forked child inherits it)
 
 
@@ -319,20 +316,16 @@ def _close_at_exit() -> None:
 
 
 def _shutdown_at_exit() -> None:
+    """In the exiting thread itself, bounded by the transports' own send timeouts (a hung
+    server's full socket: TCP's stall timeout). Not in a helper thread with a shorter
+    bound: Python 3.12+ starts no thread once finalisation began, and a helper's OS thread
+    may still be ending when the process does (LeakSanitizer's stop-the-world at exit
+    crashed on it in every DPDK client of the fast-loop tests, docs/sanitizers.md)."""
     # A child forked after init() inherits the hook and the sessions; they are its
     # parent's: a goodbye over the shared socket would end the parent's session.
     if os.getpid() != _exit_hook_pid or not runtime.sessions():
         return
-    done = threading.Thread(target=_shutdown_quietly, name="remote_accel-exit", daemon=True)
-    try:
-        done.start()
-    except RuntimeError:  # Python 3.12+ starts no thread once finalisation began
-        _shutdown_quietly()  # bounded by the transports' own send timeouts
-        return
-    done.join(EXIT_CLOSE_S)
-    if done.is_alive():
-        log.warning("remote_accel: the sessions did not close within %.0f s at exit; exiting without their goodbyes",
-                    EXIT_CLOSE_S)
+    _shutdown_quietly()
 
 
 def _shutdown_quietly() -> None:
