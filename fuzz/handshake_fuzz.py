@@ -11,7 +11,8 @@ reach the message decoders and the handshake's logic; without it, the bytes are 
 stream itself (the prologue's checks then get the mutations, CRC included).
 
 What must hold, beyond "no exception but the documented ones":
-- the server admits a client only after an AUTH that is the HMAC under its token,
+- the server admits a client only after an AUTH that is the HMAC under its token, and
+  only one that named no server or a server it listens as (handshake.answers_to),
 - the client returns a WELCOME only when its proof is the HMAC under the token,
 - the server's half raises nothing (it refuses, logs and returns False),
 - the client's half raises RemoteAccelError subclasses only.
@@ -80,6 +81,9 @@ class Server:
         self.admitted += 1
         return True
 
+    def tcp_addresses(self) -> tuple:
+        return ("tcp:127.0.0.1:18515", "tls:0.0.0.0:18516")
+
 
 def server_half(data: bytes) -> None:
     transport = StreamTransport(data)
@@ -93,6 +97,8 @@ def server_half(data: bytes) -> None:
         key = TOKEN if hello.copy is None else hs.copy_key(TOKEN, *hello.copy)
         assert answer.proof == hs.client_proof(key, NONCE, hello.nonce), "admitted without the proof"
         assert session.server.admitted == 1 and transport.sent[-1][0] == m.Welcome.TYPE
+        # and only a client that named no server, or this one
+        assert not hello.server or hs.answers_to(Server().tcp_addresses(), hello.server), "admitted elsewhere"
 
 
 def client_half(data: bytes) -> None:

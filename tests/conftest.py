@@ -43,6 +43,13 @@ def transport(request, require_in_ci):
 
 
 @pytest.fixture
+def needs_dpdk(require_in_ci):
+    """For a test over DPDK alone: it skips where the transport is missing (a failure in CI)."""
+    if dpdk_missing():
+        require_in_ci(dpdk_missing())
+
+
+@pytest.fixture
 def require_in_ci():
     """need(reason): skip this test, or fail it in CI."""
 

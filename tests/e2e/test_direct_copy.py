@@ -4,6 +4,7 @@
 over their own connection; the client's byte counters show the bytes did not pass it.
 """
 
+import json
 import os
 import pathlib
 import secrets
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import types
 
@@ -294,3 +296,47 @@ def test_a_tls_destination_the_clients_ca_does_not_vouch_for_fails_the_copy(pki)
 def test_a_copys_ca_that_is_no_certificate_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="no PEM certificate"):
         PeerCopies().tls_context("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+
+
+DPDK_AND_TCP = textwrap.dedent("""
+    import json, sys, torch, remote_accel
+    from remote_accel.errors import ConfigError
+    from remote_accel.pytorch_ext import runtime
+    a, b, token_a, token_b, transport = sys.argv[1:6]
+    try:
+        remote_accel.init(transport=transport, servers=[a, b], tokens=[token_a, token_b], timeout=30.0)
+    except ConfigError as exc:
+        print(json.dumps({"error": " ".join([str(exc), *getattr(exc, "__notes__", [])]), "kind": exc.kind}))
+        sys.exit(0)
+    host = torch.randn(1 << 18)  # 1 MiB
+    x = host.to("remote_accel:0")
+    y = x.to("remote_accel:1") * 2
+    z = y.to("remote_accel:0")
+    print(json.dumps({"peers": [runtime.session(i).transport.peer for i in (0, 1)],
+                      "equal": torch.equal(z.cpu(), host * 2),
+                      "bytes_down": [remote_accel.stats(f"remote_accel:{i}")["bytes_down"] for i in (0, 1)],
+                      "peer_received": [remote_accel.server_stats(i)["peer_bytes_received"] for i in (0, 1)]}))
+""")
+
+
+@pytest.mark.dpdk
+def test_a_dpdk_port_reaches_only_the_server_named_and_its_copies_go_direct(needs_dpdk):
+    """servers=[a, b] where a DPDK port leads to a's memif: "auto" reaches a over DPDK
+    and b over TCP (not a again), and copies between them skip the client; "dpdk" is
+    told clearly that the port does not lead to b. Before, both devices were a's (or b
+    was refused a's token)."""
+    with ServerProcess("--transport", "tcp,dpdk", token="token-a") as a, ServerProcess(token="token-b") as b:
+        where = [f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"]
+        runs = {}
+        for transport in ("auto", "dpdk"):
+            proc = subprocess.run([sys.executable, "-c", DPDK_AND_TCP, *where, a.token, b.token, transport],
+                                  env=dict(os.environ, **a.client_env()), text=True, capture_output=True, timeout=180)
+            assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            runs[transport] = json.loads(proc.stdout.splitlines()[-1])
+        auto = runs["auto"]
+        assert auto["peers"][0].startswith("dpdk:") and auto["peers"][1] == f"tcp:{where[1]}", auto
+        assert auto["equal"]
+        # the client read only z (1 MiB from server 0); x and y went server to server
+        assert auto["bytes_down"] == [1 << 20, 0] and auto["peer_received"] == [1 << 20, 1 << 20], auto
+        assert runs["dpdk"]["kind"] == "wrong_server", runs["dpdk"]
+        assert f"is not {where[1]}" in runs["dpdk"]["error"] and "transport='tcp' or 'auto'" in runs["dpdk"]["error"]

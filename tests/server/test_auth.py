@@ -20,7 +20,7 @@ from remote_accel._version import WIRE_VERSION
 from remote_accel.dataplane import handshake as hs
 from remote_accel.dataplane import messages as m
 from remote_accel.dataplane.tcp import TcpListener, TcpTransport
-from remote_accel.errors import AuthError
+from remote_accel.errors import AuthError, ConfigError
 from remote_accel.server.testing import Client, ServerProcess
 
 
@@ -86,6 +86,39 @@ def test_a_wrong_token_fails_within_the_timeout_with_a_clear_message(server):
     t.close()
     with pytest.raises(AuthError, match="no token"):
         hs.client_handshake(TcpTransport.connect(*server.tcp), "", "test", timeout=5)
+
+
+def test_a_client_that_names_another_server_is_refused_before_the_challenge(server):
+    """HELLO.server: a client told to reach HOST:PORT (over DPDK, whichever server is
+    behind the port) is refused by a server that does not listen there, with where it does."""
+    host, port = server.tcp
+    t = TcpTransport.connect(host, port)
+    with pytest.raises(ConfigError, match=f"this server is not {host}:{port + 1}: it listens on tcp:{host}:{port}") as got:
+        hs.client_handshake(t, server.token, "test", timeout=5, server=f"{host}:{port + 1}")
+    assert got.value.kind == "wrong_server"
+    t.close()
+    for name in (f"{host}:{port}", f"localhost:{port}", f"[::1]:{port}"):
+        with TcpTransport.connect(host, port) as t:
+            welcome = hs.client_handshake(t, server.token, "test", timeout=5, server=name)
+            assert welcome.listens == (f"tcp:{host}:{port}",)
+
+
+@pytest.mark.parametrize(("address", "listens", "answers"), [
+    ("10.0.0.5:18515", ("tcp:0.0.0.0:18515",), True),  # a listener on every address
+    ("10.0.0.5:18515", ("tcp:10.0.0.5:18515",), True),
+    ("10.0.0.6:18515", ("tcp:10.0.0.5:18515",), False),
+    ("10.0.0.5:18516", ("tcp:0.0.0.0:18515",), False),  # another port: another server
+    ("gpu-host:18515", ("tls:10.0.0.5:18515",), True),  # a host name is not resolved here
+    ("localhost:18515", ("tcp:10.0.0.5:18515",), False),
+    ("127.0.0.2:18515", ("tcp:127.0.0.1:18515",), True),  # both loopback
+    ("[::1]:18515", ("tcp:[::]:18515",), False),  # listens as the server writes them: no brackets
+    ("[::1]:18515", ("tcp:::1:18515",), True),
+    ("10.0.0.5:18515", (), True),  # no TCP listener: the server cannot tell
+    ("10.0.0.5:18515", ("tcp:nonsense", "udp:10.0.0.5:18515", 7), False),  # a peer's bytes, not addresses
+    ("no port here:x", ("tcp:0.0.0.0:18515",), False),
+])
+def test_which_named_address_a_server_answers_to(address, listens, answers):
+    assert hs.answers_to(listens, address) is answers
 
 
 def fake_server(answer):

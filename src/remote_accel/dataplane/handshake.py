@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
+from typing import Optional, Sequence
 
 from .. import errors
 from .._version import WIRE_VERSION
-from ..errors import AuthError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError, TransportTimeout
+from ..config import parse_host_port
+from ..errors import AuthError, ConfigError, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError, TransportTimeout
 from . import messages as m
 from .transport import Transport
 from .wire import type_name
@@ -91,7 +94,7 @@ def matches(expected: bytes, given: bytes) -> bool:
 
 #: ErrorReply kinds with an exception class of their own ("oom" too, below); the rest,
 #: op failures above all, raise RemoteOpError
-_ERROR_CLASSES = {"auth": AuthError, "protocol": ProtocolError}
+_ERROR_CLASSES = {"auth": AuthError, "protocol": ProtocolError, "wrong_server": ConfigError}
 
 
 def remote_error(reply: m.ErrorReply, who: str = "remote_accel server") -> RemoteAccelError:
@@ -112,11 +115,14 @@ def _hmac(token: str, data: bytes) -> bytes:
     return hmac.new(token.encode("utf-8"), data, hashlib.sha256).digest()
 
 
-def client_handshake(transport: Transport, token: str, client: str, timeout: float, copy=None) -> m.Welcome:
+def client_handshake(transport: Transport, token: str, client: str, timeout: float, copy=None,
+                     server: str = "") -> m.Welcome:
     """Authenticate to the server at the other end of `transport`, and it to us.
 
     copy: (ticket, nbytes, expires) of the one copy a source server comes to write;
     `token` is then that copy's key (copy_key).
+    server: "HOST:PORT" of the server meant, for a transport that may reach another
+    (DPDK): one that listens elsewhere refuses, ConfigError with kind "wrong_server".
 
     Returns its WELCOME. Raises AuthError (no token, the server refused ours, or the
     peer could not prove it holds the token), ProtocolError (the peer does not speak
@@ -128,7 +134,7 @@ def client_handshake(transport: Transport, token: str, client: str, timeout: flo
                         "server's user on its host (the token file is found by itself)")
     deadline = time.monotonic() + timeout
     nonce = new_nonce()
-    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce, copy)))
+    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce, copy, server)))
     challenge = _expect(transport, m.Challenge, deadline, timeout)
     if not valid_nonce(challenge.nonce) or challenge.nonce == nonce:
         raise ProtocolError(f"{transport.peer} sent a bad challenge (a nonce of {len(challenge.nonce)} bytes, "
@@ -139,6 +145,47 @@ def client_handshake(transport: Transport, token: str, client: str, timeout: flo
         raise AuthError(f"{transport.peer} accepted us but could not prove that it knows the token: it is not "
                         "the server this token belongs to")
     return welcome
+
+
+def answers_to(listens: Sequence[str], address: str) -> bool:
+    """Whether a client told to reach "HOST:PORT" reached the server that listens on
+    `listens` ("tcp:HOST:PORT" or "tls:HOST:PORT": Server.tcp_addresses, a WELCOME's
+    listens): one of them has that port, on that address or on every address. A DPDK
+    port reaches whichever server is behind it, so a client that named a server says
+    which one it meant (HELLO.server), as a TLS client names its host. True where the
+    server cannot tell (no TCP listener) or the name is a host name (not resolved here);
+    False for a name that is no address at all, or listens that are not addresses."""
+    if not listens:
+        return True
+    try:
+        host, port = parse_host_port(address)
+    except ConfigError:
+        return False
+    return any(bound is not None and bound[2] == port and _same_host(host, bound[1])
+               for bound in map(parse_listen, listens))
+
+
+def parse_listen(listen) -> Optional[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """("tcp" or "tls", address, port) of a listens entry; None for anything else (a
+    WELCOME's listens come from the peer)."""
+    if type(listen) is not str:
+        return None
+    kind, _, rest = listen.partition(":")
+    host, _, port = rest.rpartition(":")
+    try:
+        return (kind, ipaddress.ip_address(host), int(port)) if kind in ("tcp", "tls") and port.isdigit() else None
+    except ValueError:
+        return None
+
+
+def _same_host(named: str, bound) -> bool:
+    """A named host and a listener's bound address that can be the same: equal, the
+    listener on every address, both loopback, or a host name (not resolved here)."""
+    try:
+        ip = ipaddress.ip_address(named)
+    except ValueError:
+        return named != "localhost" or bound.is_loopback or bound.is_unspecified
+    return ip == bound or bound.is_unspecified or (ip.is_loopback and bound.is_loopback)
 
 
 #: Waits are cut into slices this long so that Ctrl-C is seen between them (a DPDK

@@ -44,6 +44,9 @@ class Hello:
     # A source server that writes one copy into this server: (ticket, nbytes, expires),
     # and the handshake runs under that copy's key instead of the token (handshake.copy_key)
     copy: Any = None
+    # "HOST:PORT" the client was told to reach, or "": a DPDK port reaches whichever server
+    # is behind it, and one that listens elsewhere refuses (kind "wrong_server")
+    server: str = ""
 
 
 @_message(MsgType.CHALLENGE)
@@ -63,6 +66,9 @@ class Welcome:
     memory_limit: int  # bytes this session may hold; 0: no limit but the device's
     server_version: str
     proof: bytes  # the server's HMAC of both nonces under the token (another label)
+    # its TCP listeners, "tcp:HOST:PORT" or "tls:HOST:PORT": where other servers reach it
+    # for a copy when this client came over DPDK
+    listens: tuple = ()
 
 
 @_message(MsgType.GOODBYE)

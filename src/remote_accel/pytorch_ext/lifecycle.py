@@ -19,6 +19,7 @@ import threading
 from typing import Optional, Sequence
 
 from .. import config
+from ..dataplane import handshake as hs
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.tls import TlsTransport, client_context
 from ..errors import AuthError, ConfigError, RemoteAccelError
@@ -63,10 +64,14 @@ def init(
     token: the server's shared secret (default: $REMOTE_ACCEL_TOKEN, else the token file a
       local server wrote); or one token per server of `servers`.
     tokens: one token per server of `servers` (the same as a list for `token`).
-    direct_copies: a tensor moved between two TCP or TLS servers (`t.to("remote_accel:1")`)
-      goes from one server straight to the other (the source connects to the
-      destination, under the destination's token; over TLS checking its certificate
-      with tls_ca's CA, which this client hands it); False: through this client.
+    direct_copies: a tensor moved between two servers (`t.to("remote_accel:1")`) goes from
+      one server straight to the other (the source connects to the destination's TCP
+      listener, under the destination's token; over TLS checking its certificate with
+      tls_ca's CA, which this client hands it; a server reached over DPDK takes part
+      where it also listens on TCP); False: through this client.
+    With `servers` and a DPDK port, only the server named is used over DPDK: a port
+    leads to whichever server is behind it, the handshake names the one meant, and
+    "auto" reaches any other over TCP ("dpdk" raises ConfigError, kind "wrong_server").
     timeout: seconds of silence (no reply, no heartbeat) after which the server counts as
       dead or frozen and RemoteAccelError is raised. A sync waits as long as the work
       takes: a working server keeps sending heartbeats (see synchronize(timeout=...) for
@@ -136,19 +141,20 @@ def init(
         made: list[Session] = []
         try:
             for index, (address, (token, token_source)) in enumerate(zip(servers, token_sources)):
-                link = _connect(transport, address, port, eal_args, timeout, tls)
+                route = [transport]  # "tcp" once a DPDK port led to another server (_open): reconnects follow
                 reconnect = None
                 if recovery:
-                    reconnect = _reconnector(pool, index, transport, address, port, eal_args, timeout, tls, token,
+                    reconnect = _reconnector(pool, index, route, address, port, eal_args, timeout, tls, token,
                                              token_source, direct_copies)
                 try:
-                    made.append(Session(link, token=token, timeout=timeout, reconnect=reconnect,
-                                        recovery_timeout=recovery_timeout))
+                    made.append(_open(route, address, port, eal_args, timeout, tls, token=token, reconnect=reconnect,
+                                      recovery_timeout=recovery_timeout))
                 except AuthError as exc:
                     exc.add_note(f"the token came from {token_source}")
                     raise
+                link = made[-1].transport
                 if direct_copies:
-                    made[-1].peer_address = _peer_address(link, address)
+                    made[-1].peer_address = _peer_address(link, address, made[-1].welcome, tls)
                     made[-1].peer_tls_ca = peer_tls_ca
                 log.info("remote_accel:%d -> %s (server device %s)", len(made) - 1, link.peer, made[-1].welcome.device)
         except BaseException:
@@ -217,34 +223,68 @@ def _connect(transport: str, address: Optional[str], port: int, eal_args, timeou
     return TcpTransport.connect(host, tcp_port, timeout=timeout)
 
 
-def _reconnector(pool, index: int, transport: str, address: Optional[str], port: int, eal_args, timeout: float, tls,
+def _open(route: list, address: Optional[str], port: int, eal_args, timeout: float, tls, **session_args) -> Session:
+    """A session with the server at `address` (None: the default one) over route[0].
+
+    A DPDK port reaches whichever server is behind it (the local memif server), which
+    may not be the one named: the handshake names it (HELLO.server), and a server that
+    listens elsewhere refuses. "auto" then reaches the named server over TCP (and says
+    so in route[0], for reconnecting); "dpdk" raises, saying why."""
+    link = _connect(route[0], address, port, eal_args, timeout, tls)
+    name = address if address and not isinstance(link, TcpTransport) else ""
+    try:
+        return Session(link, timeout=timeout, server_name=name, **session_args)
+    except ConfigError as exc:
+        if getattr(exc, "kind", None) != "wrong_server":
+            raise
+        if route[0] != "auto":
+            exc.add_note(f"transport='{route[0]}' reaches the server behind DPDK port {port}; transport='tcp' or "
+                         f"'auto' reaches {address} over TCP")
+            raise
+        log.info("remote_accel: the server behind DPDK port %d is not %s (%s); reaching %s over TCP", port, address,
+                 exc, address)
+    route[0] = "tcp"
+    return Session(_connect("tcp", address, port, eal_args, timeout, tls), timeout=timeout, **session_args)
+
+
+def _reconnector(pool, index: int, route: list, address: Optional[str], port: int, eal_args, timeout: float, tls,
                  token: str, token_source: str, direct_copies: bool):
     """How a recovering session reaches its server again: (transport, token, peer address).
 
     A pool's member may have been replaced (a new address and token: asked anew); a token
     read from the local server's token file is read again (a restarted server may have
-    written a new one)."""
+    written a new one). route[0]: the transport _open settled on."""
     def reconnect():
         where, secret = address, token
         if pool is not None:
             where, secret = list(pool.addresses())[index], list(pool.tokens())[index]
         elif token_source.startswith("the token file"):
             secret = _default_token()[0]
-        link = _connect(transport, where, port, eal_args, timeout, tls)
-        return link, secret, _peer_address(link, where) if direct_copies else None
+        link = _connect(route[0], where, port, eal_args, timeout, tls)
+        return link, secret, _peer_address(link, where, None, tls) if direct_copies else None
 
     return reconnect
 
 
-def _peer_address(link, address: Optional[str]) -> Optional[str]:
-    """The address other servers reach this server at, for direct copies: TCP and TLS
-    (a TLS server is checked by the source server with this client's CA, _ca_text).
-    None over DPDK: a DPDK port is this host's link to the server, with no address
-    another server could reach (the server's own TCP listener, if any, may be bound to
-    an address only it knows)."""
-    if not isinstance(link, TcpTransport):
+def _peer_address(link, address: Optional[str], welcome, tls) -> Optional[str]:
+    """The address other servers reach this server at, for direct copies.
+
+    Over TCP and TLS the one this client reached it at (a TLS server is checked by the
+    source server with this client's CA, _ca_text). Over DPDK the server's own TCP
+    listener that answers to the address named (the handshake checked it): plain TCP,
+    or TLS where this client has a CA to hand the source; None where no address was
+    named or the server listens on none (copies to it then go through this client).
+    welcome None: a reconnect of a session that had one (the handshake checks the name)."""
+    if isinstance(link, TcpTransport):
+        address = address or config.DEFAULT_TCP_SERVER
+    elif not address:
         return None
-    host, port = config.parse_host_port(address or config.DEFAULT_TCP_SERVER)
+    elif welcome is not None:
+        kinds = {bound[0] for listen in welcome.listens if (bound := hs.parse_listen(listen)) is not None
+                 and hs.answers_to((listen,), address)}
+        if "tcp" not in kinds and not (tls is not None and "tls" in kinds):
+            return None
+    host, port = config.parse_host_port(address)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

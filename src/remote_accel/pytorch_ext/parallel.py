@@ -11,8 +11,9 @@ TLS sessions): each dtype's parameters are flattened into one tensor on devices[
 down a binomial tree (devices[0] sends log2(N) copies, not N-1), and the backward
 reduces each replica's flat gradient up the mirrored tree, summing where the tensors
 are. One copy per dtype and tree edge, not one per parameter: every direct copy costs a
-connection and a handshake between two servers. Over DPDK sessions (no peer address)
-the same copies go through this client (a download and an upload).
+connection and a handshake between two servers. A DPDK session's server takes part
+through its TCP listener; one without (no peer address) has the same copies go through
+this client (a download and an upload).
 
 The tree copies run inside one autograd Function, in one thread: autograd runs each
 device's backward in that device's worker thread, and copies issued from two threads in

@@ -64,11 +64,15 @@ class Session:
 
     def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = "",
                  reconnect: Optional[Callable[[], tuple]] = None, recovery_timeout: float = 60.0,
-                 recovery_memory: Optional[int] = None):
+                 recovery_memory: Optional[int] = None, server_name: str = ""):
         """reconnect: makes a new transport to this session's server (the same address, or
         a pool member's replacement) as (transport, token, peer_address); with it, the
         session survives its server (recovery.py): it keeps a snapshot and a journal within
-        `recovery_memory` bytes, and waits up to `recovery_timeout` s for a server to come back."""
+        `recovery_memory` bytes, and waits up to `recovery_timeout` s for a server to come back.
+        server_name: "HOST:PORT" of the server meant, told to it in the handshake where the
+        transport may reach another one (DPDK): that one refuses (ConfigError, kind
+        "wrong_server")."""
+        self.server_name = server_name
         self.transport = transport
         self._transport_send_many = transport.send_many
         self.timeout = timeout
@@ -475,7 +479,8 @@ class Session:
                 log.debug("reconnecting: %s", exc)
             else:
                 try:
-                    welcome = handshake.client_handshake(transport, token, self._client, self.timeout)
+                    welcome = handshake.client_handshake(transport, token, self._client, self.timeout,
+                                                         server=self.server_name)
                 except AuthError:
                     transport.close()
                     raise
@@ -578,7 +583,7 @@ class Session:
         with bytes that are no remote_accel message (an HTTP or SSH port) is not a
         remote_accel server; a refused token stays an AuthError."""
         try:
-            return handshake.client_handshake(self.transport, token, client, self.timeout)
+            return handshake.client_handshake(self.transport, token, client, self.timeout, server=self.server_name)
         except (TransportError, TransportTimeout, ProtocolError) as exc:
             raise WrongPeerError(f"{self.transport.peer} is not a remote_accel server (or not one speaking wire "
                                  f"version {WIRE_VERSION}): {exc}") from exc

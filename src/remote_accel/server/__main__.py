@@ -319,8 +319,8 @@ def main(argv: Optional[list] = None) -> int:
 
         metrics.start(registry(server))
         _say(f"serving metrics at {metrics.url}")
+    server.serve(*listeners)
     for listener in listeners:
-        server.serve(listener)
         _say(f"listening on {listener.address}{' (TLS)' if getattr(listener, 'tls', False) else ''}")
     while not stop.wait(0.2):  # short waits: signal handlers run between them
         pass

@@ -17,6 +17,9 @@ PROTOCOL = "protocol"
 UNKNOWN_OP = "unknown_op"
 BAD_HANDLE = "bad_handle"
 BUSY = "busy"
+#: A client that named the server it meant (HELLO.server) reached another one: over DPDK,
+#: whichever server is behind the port (handshake.answers_to)
+WRONG_SERVER = "wrong_server"
 #: The device itself failed (a CUDA device-side assert, an illegal address): every
 #: session's tensors are gone and the server process exits (status EXIT_DEVICE_LOST).
 DEVICE_LOST = "device_lost"

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
+from ..dataplane.tcp import TcpListener
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
 from .counters import Totals
@@ -74,14 +75,24 @@ class Server:
         self._ended = Totals()  # the metrics' figures of sessions that ended
 
     # -- listeners ----------------------------------------------------------------------------
-    def serve(self, listener: Listener) -> None:
-        """Start accepting clients from `listener` in a thread of its own."""
+    def serve(self, *listeners: Listener) -> None:
+        """Start accepting clients from each listener in a thread of its own. All are
+        known before any accepts: a client's HELLO over one may name another (handshake.answers_to)."""
         # What is loaded by now (torch's modules and op tables) lives as long as the
         # server: out of the collector's sight, a collection that the op path's Python
         # allocations trigger costs microseconds instead of milliseconds.
         gc.freeze()
-        self._listeners.append(listener)
-        self._start(self._accept_loop, f"accept {listener.address}", listener)
+        with self._lock:
+            self._listeners.extend(listeners)
+        for listener in listeners:
+            self._start(self._accept_loop, f"accept {listener.address}", listener)
+
+    def tcp_addresses(self) -> tuple[str, ...]:
+        """Where this server listens for TCP clients, as "tcp:HOST:PORT" or "tls:HOST:PORT"
+        (a WELCOME tells them to a client that came over DPDK: server-to-server copies)."""
+        with self._lock:
+            return tuple(f"{'tls' if getattr(lst, 'tls', False) else 'tcp'}:{lst.host}:{lst.port}"
+                         for lst in self._listeners if isinstance(lst, TcpListener))
 
     def _accept_loop(self, listener: Listener) -> None:
         while not self.stopping:
