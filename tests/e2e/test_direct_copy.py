@@ -299,8 +299,9 @@ def test_a_copys_ca_that_is_no_certificate_is_a_protocol_error():
 
 
 DPDK_AND_TCP = textwrap.dedent("""
-    import json, sys, torch, remote_accel
+    import copy, json, sys, torch, remote_accel
     from remote_accel.errors import ConfigError
+    from remote_accel.parallel import DataParallel
     from remote_accel.pytorch_ext import runtime
     a, b, token_a, token_b, transport = sys.argv[1:6]
     try:
@@ -312,17 +313,30 @@ DPDK_AND_TCP = textwrap.dedent("""
     x = host.to("remote_accel:0")
     y = x.to("remote_accel:1") * 2
     z = y.to("remote_accel:0")
-    print(json.dumps({"peers": [runtime.session(i).transport.peer for i in (0, 1)],
-                      "equal": torch.equal(z.cpu(), host * 2),
-                      "bytes_down": [remote_accel.stats(f"remote_accel:{i}")["bytes_down"] for i in (0, 1)],
-                      "peer_received": [remote_accel.server_stats(i)["peer_bytes_received"] for i in (0, 1)]}))
+    out = {"peers": [runtime.session(i).transport.peer for i in (0, 1)],
+           "equal": torch.equal(z.cpu(), host * 2),
+           "bytes_down": [remote_accel.stats(f"remote_accel:{i}")["bytes_down"] for i in (0, 1)],
+           "peer_received": [remote_accel.server_stats(i)["peer_bytes_received"] for i in (0, 1)]}
+    # DataParallel over the two: the gradients of one device with the whole batch
+    torch.manual_seed(0)
+    local = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = copy.deepcopy(local).to("remote_accel:0")
+    batch, target = torch.randn(8, 16), torch.randn(8, 4)
+    torch.nn.functional.mse_loss(local(batch), target).backward()
+    dp = DataParallel(model, devices=[0, 1])
+    torch.nn.functional.mse_loss(dp(batch.to("remote_accel:0")), target.to("remote_accel:0")).backward()
+    out["grads_close"] = all(torch.allclose(p.grad.cpu(), q.grad, atol=1e-5) for p, q in zip(model.parameters(),
+                                                                                           local.parameters()))
+    out["dp_peer_received"] = [remote_accel.server_stats(i)["peer_bytes_received"] for i in (0, 1)]
+    print(json.dumps(out))
 """)
 
 
 @pytest.mark.dpdk
 def test_a_dpdk_port_reaches_only_the_server_named_and_its_copies_go_direct(needs_dpdk):
     """servers=[a, b] where a DPDK port leads to a's memif: "auto" reaches a over DPDK
-    and b over TCP (not a again), and copies between them skip the client; "dpdk" is
+    and b over TCP (not a again), and copies between them (DataParallel's too) skip the
+    client; "dpdk" is
     told clearly that the port does not lead to b. Before, both devices were a's (or b
     was refused a's token)."""
     with ServerProcess("--transport", "tcp,dpdk", token="token-a") as a, ServerProcess(token="token-b") as b:
@@ -338,5 +352,7 @@ def test_a_dpdk_port_reaches_only_the_server_named_and_its_copies_go_direct(need
         assert auto["equal"]
         # the client read only z (1 MiB from server 0); x and y went server to server
         assert auto["bytes_down"] == [1 << 20, 0] and auto["peer_received"] == [1 << 20, 1 << 20], auto
+        # DataParallel's broadcast and reduce between them went server to server too
+        assert auto["grads_close"] and all(d > p for d, p in zip(auto["dp_peer_received"], auto["peer_received"])), auto
         assert runs["dpdk"]["kind"] == "wrong_server", runs["dpdk"]
         assert f"is not {where[1]}" in runs["dpdk"]["error"] and "transport='tcp' or 'auto'" in runs["dpdk"]["error"]
