@@ -23,12 +23,6 @@ from remote_accel.errors import MessageTooLarge, ProtocolError
 from remote_accel.server import _native
 from remote_accel.server.testing import ServerProcess
 
-try:
-    from remote_accel.dataplane import dpdk  # noqa: F401
-    DPDK_MISSING = ""
-except ImportError as exc:  # UnavailableError: no DPDK or the shim is not built
-    DPDK_MISSING = f"DPDK transport unavailable: {exc}"
-
 CLIENT_TIMEOUT_S = 240  # EAL start-up is a few seconds; a loaded 2-core machine is slow
 
 PRELUDE = textwrap.dedent("""
@@ -249,8 +243,7 @@ FIRST_TRIPS = PRELUDE + textwrap.dedent("""
 
 
 @pytest.mark.dpdk
-@pytest.mark.skipif(bool(DPDK_MISSING), reason=DPDK_MISSING)
-def test_a_new_memif_connection_takes_no_page_fault_per_round_trip():
+def test_a_new_memif_connection_takes_no_page_fault_per_round_trip(needs_dpdk):
     with _server("dpdk") as server:
         proc = _run(FIRST_TRIPS, server, "dpdk", extra=(str(server.proc.pid),))
         assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{server.log()}"

@@ -162,10 +162,10 @@ def answers_to(listens: Sequence[str], address: str) -> bool:
     except ConfigError:
         return False
     return any(bound is not None and bound[2] == port and _same_host(host, bound[1])
-               for bound in map(parse_listen, listens))
+               for bound in map(_parse_listen, listens))
 
 
-def parse_listen(listen) -> Optional[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+def _parse_listen(listen) -> Optional[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
     """("tcp" or "tls", address, port) of a listens entry; None for anything else (a
     WELCOME's listens come from the peer)."""
     if type(listen) is not str:

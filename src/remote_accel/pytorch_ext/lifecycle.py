@@ -280,8 +280,7 @@ def _peer_address(link, address: Optional[str], welcome, tls) -> Optional[str]:
     elif not address:
         return None
     elif welcome is not None:
-        kinds = {bound[0] for listen in welcome.listens if (bound := hs.parse_listen(listen)) is not None
-                 and hs.answers_to((listen,), address)}
+        kinds = {listen.partition(":")[0] for listen in welcome.listens if hs.answers_to((listen,), address)}
         if "tcp" not in kinds and not (tls is not None and "tls" in kinds):
             return None
     host, port = config.parse_host_port(address)

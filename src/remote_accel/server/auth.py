@@ -80,9 +80,10 @@ def handshake(session: Guest) -> bool:
                        f"client speaks wire version {hello.wire_version}, this server {WIRE_VERSION}")
     if not hs.valid_nonce(hello.nonce):
         return _refuse(session, req_id, failure.PROTOCOL, f"HELLO needs a nonce of {hs.NONCE_BYTES} bytes")
-    if hello.server and not hs.answers_to(server.tcp_addresses(), hello.server):
+    listens = server.tcp_addresses()
+    if hello.server and not hs.answers_to(listens, hello.server):
         return _refuse(session, req_id, failure.WRONG_SERVER,
-                       f"this server is not {hello.server}: it listens on {', '.join(server.tcp_addresses())}")
+                       f"this server is not {hello.server}: it listens on {', '.join(listens)}")
     key = server.token
     if hello.copy is not None:
         key, why = _copy_key(session, hello.copy)
@@ -104,8 +105,7 @@ def handshake(session: Guest) -> bool:
         return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients "
                                                        "(its --max-clients option)")
     proof = hs.server_proof(key, hello.nonce, nonce)
-    _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof,
-                    server.tcp_addresses()),
+    _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof, listens),
           req_id)
     log.info("client connected: session %d, %s (%s)", session.number, transport.peer, session.client)
     return True
@@ -171,4 +171,3 @@ def _refuse_payloads(header, meta, lengths) -> list:
     if lengths:  # the payload bytes are not read: the session ends in any case
         raise ProtocolError(f"{type_name(header.type)} with payloads during the handshake")
     return []
-
