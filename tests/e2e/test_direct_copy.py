@@ -356,3 +356,28 @@ def test_a_dpdk_port_reaches_only_the_server_named_and_its_copies_go_direct(need
         assert auto["grads_close"] and all(d > p for d, p in zip(auto["dp_peer_received"], auto["peer_received"])), auto
         assert runs["dpdk"]["kind"] == "wrong_server", runs["dpdk"]
         assert f"is not {where[1]}" in runs["dpdk"]["error"] and "transport='tcp' or 'auto'" in runs["dpdk"]["error"]
+
+
+def test_copies_keep_one_connection_and_open_another_once_the_destination_ended_it():
+    """A source keeps its connection to a destination for the next copies (a connection
+    and its handshake cost more than a small copy's bytes); a destination ends one idle
+    longer than its heartbeat timeout, and the next copy connects again."""
+    with ServerProcess(token="keep-a") as a, ServerProcess("--heartbeat-timeout", "5", token="keep-b") as b:
+        remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                          tokens=[a.token, b.token], timeout=30.0)
+        try:
+            host = torch.randn(1000)
+            x = host.to("remote_accel:0")
+            for i in range(5):
+                assert torch.equal((x + i).to("remote_accel:1").cpu(), host + i)
+            torch.remote_accel.synchronize(0)
+            stats = remote_accel.server_stats(0)
+            assert (stats["peer_copies_sent"], stats["peer_links_opened"]) == (5, 1)
+            time.sleep(6.5)  # b ends the idle copy connection after 5 s (the client's own session pings)
+            assert torch.equal((x * 3).to("remote_accel:1").cpu(), host * 3)
+            torch.remote_accel.synchronize(0)
+            stats = remote_accel.server_stats(0)
+            assert (stats["peer_copies_sent"], stats["peer_links_opened"]) == (6, 2)
+            assert "Traceback" not in a.log() + b.log()
+        finally:
+            remote_accel.shutdown()

@@ -60,10 +60,92 @@ def test_bad_peer_writes_are_refused_at_once(connect):
     assert peer.ping() == 7  # the session goes on
 
 
-def _copy_connection(server, ticket, nbytes, expires, key):
+def _copy_connection(server, ticket, nbytes, expires, key, welcome=None):
     link = TcpTransport.connect(*server.tcp, timeout=10)
-    handshake.client_handshake(link, key, "test source", 10, copy=(ticket, nbytes, expires))
+    got = handshake.client_handshake(link, key, "test source", 10, copy=(ticket, nbytes, expires))
+    if welcome is not None:
+        welcome.append(got)
     return link
+
+
+def _answer(link, req_id):
+    reply = link.recv(timeout=10)
+    assert reply.req_id == req_id
+    return m.decode(reply.type, reply.meta)
+
+
+def test_a_kept_copy_connection_writes_later_copies_each_proven_by_its_own_key(server, connect):
+    """What a source server does for its next copies to the same destination: one
+    connection, each later PeerWrite proving its own key over the connection's binding.
+    A forged, replayed, expired or misbound proof is refused, and the connection goes on."""
+    dest = connect()
+    dst = dest.alloc(8)
+    first, expires = _ticket(), handshake.copy_expiry()
+    dest.send(m.PeerReceive(first, dst, 0, 8))
+    welcome = []
+    link = _copy_connection(server, first, 8, expires, handshake.copy_key(server.token, first, 8, expires), welcome)
+    binding = welcome[0].proof
+    try:
+        link.send(m.PeerWrite.TYPE, m.encode(m.PeerWrite(first, 8)), [b"first..."], req_id=1)
+        assert isinstance(_answer(link, 1), m.PeerDone)
+
+        def later(ticket, data, req_id, token=server.token, bind=binding, terms_expire=expires, nbytes=8):
+            key = handshake.copy_key(token, ticket, nbytes, terms_expire)
+            write = m.PeerWrite(ticket, nbytes, terms_expire, handshake.write_proof(key, bind))
+            link.send(m.PeerWrite.TYPE, m.encode(write), [data], req_id=req_id)
+            return _answer(link, req_id)
+
+        second = _ticket()
+        dest.send(m.PeerReceive(second, dst, 0, 8))
+        assert isinstance(later(second, b"second..", 2), m.PeerDone)
+        assert dest.sync() >= 0 and dest.read(dst, 8) == b"second.."
+
+        past = int(time.time()) - 600
+        refused = {"forged": later(_ticket(), b"x" * 8, 3, token="not-the-token"),
+                   "bound to another connection": later(_ticket(), b"x" * 8, 4, bind=secrets.token_bytes(32)),
+                   "replayed": later(second, b"x" * 8, 5),
+                   "expired": later(_ticket(), b"x" * 8, 6, terms_expire=past),
+                   "no proof for a new ticket": _plain_write(link, _ticket(), 7)}
+        for why, reply in refused.items():
+            assert isinstance(reply, m.ErrorReply), why
+        assert "wrong key" in refused["forged"].message and "token" in refused["forged"].message
+        assert "wrong key" in refused["bound to another connection"].message
+        assert "used already" in refused["replayed"].message
+        assert "expired" in refused["expired"].message
+        assert dest.read(dst, 8) == b"second.."  # none of them wrote
+
+        third = _ticket()
+        dest.send(m.PeerReceive(third, dst, 0, 8))
+        assert isinstance(later(third, b"third...", 8), m.PeerDone)  # the connection went on
+        assert dest.sync() >= 0 and dest.read(dst, 8) == b"third..."
+    finally:
+        link.close()
+
+
+def _plain_write(link, ticket, req_id):
+    link.send(m.PeerWrite.TYPE, m.encode(m.PeerWrite(ticket, 8)), [b"y" * 8], req_id=req_id)
+    return _answer(link, req_id)
+
+
+def test_a_source_keeps_its_connection_for_the_next_copies(server, connect):
+    """Three copies from one session to another of the same server (it connects to
+    itself as to a peer): one connection opened, every copy's bytes right."""
+    source, dest = connect(), connect()
+    address = f"{server.tcp[0]}:{server.tcp[1]}"
+    src = source.alloc(3 << 10)
+    chunks = [secrets.token_bytes(1 << 10) for _ in range(3)]
+    source.write(src, b"".join(chunks))
+    dst = dest.alloc(3 << 10)
+    before = source.stats()
+    for i in range(3):
+        ticket = _ticket()
+        dest.send(m.PeerReceive(ticket, dst, i << 10, 1 << 10))
+        source.send(_send_half(ticket, src, i << 10, 1 << 10, address, server.token))
+        assert source.sync() >= 0 and dest.sync() >= 0
+    after = source.stats()
+    assert dest.read(dst, 3 << 10) == b"".join(chunks)
+    assert after["peer_copies_sent"] - before["peer_copies_sent"] == 3
+    assert after["peer_links_opened"] - before["peer_links_opened"] <= 1  # 0 if an earlier test's was kept
 
 
 def test_copy_keys_are_checked_bound_and_one_time(server, connect):

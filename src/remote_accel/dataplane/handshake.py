@@ -87,6 +87,32 @@ def copy_expiry() -> int:
     return int(time.time()) + COPY_KEY_S
 
 
+def copy_refusal(copy) -> Optional[str]:
+    """Why the destination refuses the terms (ticket, nbytes, expires) of a copy, from
+    the peer; None for terms it may check the key of."""
+    if (type(copy) is not tuple or len(copy) != 3 or type(copy[0]) is not bytes
+            or len(copy[0]) != m.PEER_TICKET_BYTES or type(copy[1]) is not int or type(copy[2]) is not int
+            or copy[1] < 0):
+        return "a copy is named by (ticket, nbytes, expires)"
+    now = time.time()
+    if copy[2] < now - COPY_CLOCK_SKEW_S:
+        return "the key for this copy has expired"
+    if copy[2] > now + COPY_KEY_S + COPY_CLOCK_SKEW_S:
+        return "the key for this copy expires too late (a key is good for minutes at most)"
+    return None
+
+
+#: A source server keeps its connection to a destination for later copies (server/peer.py).
+#: Each later copy proves its key over the connection's binding, the WELCOME proof its
+#: handshake ended with (fresh nonces of both sides): the key itself never crosses the
+#: wire, and a proof seen on one connection is worth nothing on another.
+WRITE_LABEL = b"remote_accel/3 kept connection write\0"
+
+
+def write_proof(key: str, binding: bytes) -> bytes:
+    return _hmac(key, WRITE_LABEL + binding)
+
+
 def matches(expected: bytes, given: bytes) -> bool:
     """Constant-time comparison: the time taken says nothing about how much was right."""
     return type(given) is bytes and hmac.compare_digest(expected, given)

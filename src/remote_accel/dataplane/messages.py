@@ -353,10 +353,18 @@ class PeerSend:
 
 @_message(MsgType.PEER_WRITE)
 class PeerWrite:
-    """From the source to the destination, followed by one payload of `nbytes` bytes."""
+    """From the source to the destination, followed by one payload of `nbytes` bytes.
+
+    The first write of a copy connection is the copy its handshake named. A source keeps
+    the connection for its next copies to the same server (server/peer.py); each later
+    write proves its own key: `proof` = handshake.write_proof(its key, the WELCOME proof
+    of this connection), good until `expires`, so that it cannot be replayed on another
+    connection and the key never crosses the wire."""
 
     ticket: bytes
     nbytes: int
+    expires: int = 0
+    proof: bytes = b""
 
 
 @_message(MsgType.PEER_DONE)

@@ -10,8 +10,8 @@ Parameters and gradients move only between servers (transfer.copy_direct over TC
 TLS sessions): each dtype's parameters are flattened into one tensor on devices[0] and sent
 down a binomial tree (devices[0] sends log2(N) copies, not N-1), and the backward
 reduces each replica's flat gradient up the mirrored tree, summing where the tensors
-are. One copy per dtype and tree edge, not one per parameter: every direct copy costs a
-connection and a handshake between two servers. A DPDK session's server takes part
+are. One copy per dtype and tree edge, not one per parameter: every direct copy costs
+about 0.3 ms of this client's Python and a round of messages between two servers. A DPDK session's server takes part
 through its TCP listener; one without (no peer address) has the same copies go through
 this client (a download and an upload).
 

@@ -105,6 +105,8 @@ def handshake(session: Guest) -> bool:
         return _refuse(session, req_id, failure.BUSY, f"the server serves at most {server.max_clients} clients "
                                                        "(its --max-clients option)")
     proof = hs.server_proof(key, hello.nonce, nonce)
+    if session.copy_grant is not None:
+        session.copy_binding = proof  # what a kept copy connection's later writes prove keys over
     _send(session, m.Welcome(session.number, session.device.name, server.memory_limit, SERVER_VERSION, proof, listens),
           req_id)
     log.info("client connected: session %d, %s (%s)", session.number, transport.peer, session.client)
@@ -113,21 +115,15 @@ def handshake(session: Guest) -> bool:
 
 def _copy_key(session: Guest, copy) -> tuple:
     """(the key a source server must prove it holds, None) for a HELLO that names one
-    copy to write, or (None, why it is refused). The session may then only write it."""
-    if (type(copy) is not tuple or len(copy) != 3 or type(copy[0]) is not bytes
-            or len(copy[0]) != m.PEER_TICKET_BYTES or type(copy[1]) is not int or type(copy[2]) is not int
-            or copy[1] < 0):
-        return None, "HELLO.copy must be (ticket, nbytes, expires)"
-    ticket, nbytes, expires = copy
-    now = time.time()
-    if expires < now - hs.COPY_CLOCK_SKEW_S:
-        return None, "the key for this copy has expired"
-    if expires > now + hs.COPY_KEY_S + hs.COPY_CLOCK_SKEW_S:
-        return None, "the key for this copy expires too late (a key is good for minutes at most)"
-    if session.server.peer_copies.was_used(ticket):
+    copy to write, or (None, why it is refused). The session may then only write it, and
+    later copies each proven by its own key (server/peer.py)."""
+    why = hs.copy_refusal(copy)
+    if why is not None:
+        return None, f"HELLO.copy: {why}"
+    if session.server.peer_copies.was_used(copy[0]):
         return None, "this copy was written already (a replayed key)"
-    session.copy_grant = (ticket, nbytes, expires)
-    return hs.copy_key(session.server.token, ticket, nbytes, expires), None
+    session.copy_grant = copy
+    return hs.copy_key(session.server.token, *copy), None
 
 
 def _receive(session: Guest, cls, deadline: float) -> Optional[tuple]:

@@ -54,4 +54,5 @@ class Guest(Protocol):
     device: ComputeDevice
     client: str  # what the client's HELLO calls it
     admitted: bool
-    copy_grant: Optional[tuple]  # a source server's session: the one copy it may write
+    copy_grant: Optional[tuple]  # a source server's session: the copy it may write now
+    copy_binding: bytes  # its WELCOME proof, over which later copies prove their keys

@@ -14,6 +14,13 @@ token never leaves the client, and A's connection may write that one copy and no
 else, before the key expires; a replayed key (a ticket B has seen written) is refused at
 once, and so is a PeerWrite from any other connection.
 
+A keeps the connection for its next copies to B (KEEP_LINK_S): a connection and its
+handshake cost 1.6-2.3 ms on loopback, more than the bytes of a small copy, and a
+DataParallel step makes several copies between the same servers. Each later PeerWrite
+carries its own copy's terms and a proof of its key over the connection's binding (the
+WELCOME proof its handshake ended with, handshake.write_proof): B checks it as it
+checked the first copy's key, and the connection still writes nothing but copies.
+
 Where B speaks TLS, PeerSend carries the PEM text of the CA the client checks B by (a
 public certificate), and A checks B's certificate and name with it as the client does.
 A presents its own certificate, if it has one (--tls-cert), so that a B that asks for
@@ -73,6 +80,24 @@ PROBE_EVERY_S = 1.0
 MAX_USED_TICKETS = 65536
 #: TLS settings kept for copies to TLS destinations, one per CA a client named
 TLS_CONTEXTS_KEPT = 8
+#: A source keeps a connection to a destination this long after its last copy, for the
+#: next (several per DataParallel step); at most LINKS_KEPT_PER_DESTINATION of them, one
+#: per session copying there at the same time. A destination ends a copy connection idle
+#: for COPY_IDLE_S, which a source that went away leaves behind.
+KEEP_LINK_S = 10.0
+LINKS_KEPT_PER_DESTINATION = 4
+COPY_IDLE_S = 3 * KEEP_LINK_S
+
+
+class _KeptLink:
+    """A source's authenticated connection to a destination, between copies."""
+
+    __slots__ = ("link", "binding", "idle_since")
+
+    def __init__(self, link, binding: bytes):
+        self.link = link
+        self.binding = binding  # its WELCOME proof: later copies prove their keys over it
+        self.idle_since = time.monotonic()
 
 
 class _Slot:
@@ -99,10 +124,12 @@ class PeerCopies:
         self._cond = threading.Condition()
         self._slots: dict[bytes, _Slot] = {}
         self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
+        self._kept: dict[tuple, list[_KeptLink]] = {}  # by (address, TLS CA text) of a destination
         self.bytes_sent = 0
         self.bytes_received = 0
         self.copies_sent = 0
         self.copies_received = 0
+        self.links_opened = 0  # connections to destinations: fewer than copies_sent when kept
 
     def tls_context(self, ca_text: str) -> ssl.SSLContext:
         """The TLS settings of a copy to a destination checked by `ca_text`; kept for
@@ -125,7 +152,59 @@ class PeerCopies:
 
     def stats(self) -> dict:
         return {"peer_bytes_sent": self.bytes_sent, "peer_bytes_received": self.bytes_received,
-                "peer_copies_sent": self.copies_sent, "peer_copies_received": self.copies_received}
+                "peer_copies_sent": self.copies_sent, "peer_copies_received": self.copies_received,
+                "peer_links_opened": self.links_opened}
+
+    # -- the source's kept connections --------------------------------------------------------
+    def take_link(self, where: tuple) -> Optional[_KeptLink]:
+        """A kept connection to the destination `where`, still open and quiet, for this
+        copy alone; None when there is none (the caller connects)."""
+        stale = []
+        try:
+            with self._cond:
+                self._expire(stale)
+                links = self._kept.get(where, [])
+                while links:
+                    kept = links.pop()
+                    if _quiet(kept.link):
+                        return kept
+                    stale.append(kept)
+            return None
+        finally:
+            _close_all(stale)
+
+    def sent(self, where: tuple, kept: _KeptLink, nbytes: int) -> None:
+        """A copy to `where` is done: counted, and its connection kept for the next copy
+        to the same destination."""
+        kept.idle_since = time.monotonic()
+        stale = []
+        with self._cond:
+            self.bytes_sent += nbytes
+            self.copies_sent += 1
+            self._expire(stale)
+            links = self._kept.setdefault(where, [])
+            if len(links) < LINKS_KEPT_PER_DESTINATION:
+                links.append(kept)
+            else:
+                stale.append(kept)
+        _close_all(stale)
+
+    def close_links(self) -> None:
+        """At shutdown: every kept connection, each with a GOODBYE."""
+        with self._cond:
+            stale = [k for links in self._kept.values() for k in links]
+            self._kept.clear()
+        _close_all(stale)
+
+    def _expire(self, stale: list) -> None:
+        """Move connections idle for KEEP_LINK_S into `stale` (held: self._cond)."""
+        oldest = time.monotonic() - KEEP_LINK_S
+        for where in list(self._kept):
+            links = self._kept[where]
+            stale.extend(k for k in links if k.idle_since < oldest)
+            links[:] = [k for k in links if k.idle_since >= oldest]
+            if not links:
+                del self._kept[where]
 
     def expect(self, ticket: bytes, slot: _Slot) -> None:
         with self._cond:
@@ -142,14 +221,17 @@ class PeerCopies:
         with self._cond:
             return ticket in self._used
 
-    def claim(self, ticket: bytes, nbytes: int, session) -> _Slot:
+    def claim(self, ticket: bytes, nbytes: int, session, expires: int = 0, proof: bytes = b"") -> _Slot:
         """The slot a PeerWrite fills, once its PeerReceive has come (the two halves may
         arrive in either order, until the copy's key expires); ProtocolError at once for
-        a PeerWrite that is not the one its session's key was made for, or whose ticket
-        was used already; and when no PeerReceive comes in time."""
+        a PeerWrite that is not the one its session's key was made for (or, on a kept
+        connection, that does not prove its own key), or whose ticket was used already;
+        and when no PeerReceive comes in time."""
         grant = session.copy_grant
         if grant is None:
             raise ProtocolError("PeerWrite comes only from a source server's copy connection")
+        if proof:
+            grant = session.copy_grant = self._later_grant(session, (ticket, nbytes, expires), proof)
         if grant[:2] != (ticket, nbytes):
             raise ProtocolError("PeerWrite: not the copy this connection's key was made for")
         until_expiry = grant[2] + handshake.COPY_CLOCK_SKEW_S - time.time()
@@ -172,6 +254,46 @@ class PeerCopies:
             while len(self._used) > MAX_USED_TICKETS:
                 self._used.popitem(last=False)
             return slot
+
+
+    def _later_grant(self, session, copy: tuple, proof) -> tuple:
+        """The terms of a later copy on a kept connection, once its proof holds: the key
+        the destination derives from its own token for these terms, over the binding of
+        this connection. Refused like a HELLO naming them: expired, replayed, or wrong."""
+        why = handshake.copy_refusal(copy)
+        if why is not None:
+            raise ProtocolError(f"PeerWrite: {why}")
+        if self.was_used(copy[0]):
+            raise ProtocolError("PeerWrite: this ticket was used already")
+        key = handshake.copy_key(session.server.token, *copy)
+        if not session.copy_binding or not handshake.matches(handshake.write_proof(key, session.copy_binding), proof):
+            raise ProtocolError("PeerWrite: wrong key for this copy: it is no HMAC under this server's token (the "
+                                "client holds another token for this server than its --token-file)")
+        return copy
+
+
+def _quiet(link) -> bool:
+    """Whether a kept connection is still open with nothing to read: a destination that
+    ended it (shut down, or found it idle too long) left an end of stream behind. A
+    heartbeat left from the last copy makes it not quiet too: it is closed, not reused."""
+    if link.closed:
+        return False
+    try:
+        link.recv(timeout=0)
+    except TransportTimeout:
+        return True
+    except Exception:  # noqa: BLE001 (an end of stream, a reset: the link is done)
+        return False
+    return False
+
+
+def _close_all(kept: list) -> None:
+    for k in kept:
+        try:
+            k.link.send(MsgType.GOODBYE, m.encode(m.Goodbye()))
+        except Exception:  # noqa: BLE001 (closing a connection that may be gone)
+            pass
+        k.link.close()
 
 
 def _valid_ticket(ticket) -> bool:
@@ -253,7 +375,7 @@ def place_write(session, request: m.PeerWrite, lengths: list) -> tuple[list, _Sl
         raise ProtocolError(f"PeerWrite needs a ticket of {m.PEER_TICKET_BYTES} bytes")
     if lengths != [request.nbytes]:
         raise ProtocolError("PeerWrite carries exactly one payload of nbytes bytes")
-    slot = session.server.peer_copies.claim(request.ticket, request.nbytes, session)
+    slot = session.server.peer_copies.claim(request.ticket, request.nbytes, session, request.expires, request.proof)
     return [slot.buffer], slot
 
 
@@ -270,9 +392,12 @@ def on_write(session, request: m.PeerWrite, slot: Optional[_Slot]) -> m.PeerDone
 
 # -- the source ------------------------------------------------------------------------------------
 def on_send(session, request: m.PeerSend) -> None:
-    """PeerSend, in the client's session thread: connect to the destination, send."""
+    """PeerSend, in the client's session thread: send over a kept connection to the
+    destination, or connect, then keep the connection for the next copy."""
     if not _valid_ticket(request.ticket):
         raise ProtocolError(f"PeerSend needs a ticket of {m.PEER_TICKET_BYTES} bytes")
+    if request.tls_ca is not None and not isinstance(request.tls_ca, str):
+        raise ProtocolError("PeerSend: tls_ca must be PEM text")
     device = session.device
     view = session.table.byte_range(request.sid, request.offset, request.nbytes)
     if device.accelerator:
@@ -280,11 +405,44 @@ def on_send(session, request: m.PeerSend) -> None:
         staging.copy_(view, non_blocking=True)
         device.synchronize(session._stream)  # noqa: SLF001 (the session lends it)
         view = staging
+    copies = session.server.peer_copies
+    where = (request.address, request.tls_ca)
+    kept = copies.take_link(where)
+    if kept is not None:
+        proof = handshake.write_proof(request.key, kept.binding)
+        try:
+            _write(kept, m.PeerWrite(request.ticket, request.nbytes, request.expires, proof), view, request)
+        except PeerGone as exc:
+            # the destination ended the kept connection (idle too long) as this copy
+            # began: nothing of it was written there, so a new connection writes it
+            log.debug("a kept connection to %s ended under a copy (%s); connecting again", request.address, exc)
+        else:
+            copies.sent(where, kept, request.nbytes)
+            return
+    kept = _connect(session, request)
+    _write(kept, m.PeerWrite(request.ticket, request.nbytes), view, request)  # the copy its handshake named
+    copies.sent(where, kept, request.nbytes)
+
+
+def _write(kept: _KeptLink, write: m.PeerWrite, view, request: m.PeerSend) -> None:
+    """One PeerWrite and its PeerDone; the connection closed on any failure."""
+    try:
+        kept.link.send(MsgType.PEER_WRITE, m.encode(write), [host_bytes(view)], req_id=1)
+        reply = _reply(kept.link, 1)
+        if isinstance(reply, m.ErrorReply):
+            raise RemoteOpError(f"the destination server {request.address} refused the copy: {reply.message}")
+        if not isinstance(reply, m.PeerDone) or reply.nbytes != request.nbytes:
+            raise ProtocolError(f"the destination server {request.address} answered PeerWrite with {reply!r}")
+    except BaseException:
+        kept.link.close()
+        raise
+
+
+def _connect(session, request: m.PeerSend) -> _KeptLink:
+    """A new connection to the copy's destination, authenticated under the copy's key."""
     host, port = config.parse_host_port(request.address)
     try:
         if request.tls_ca is not None:
-            if not isinstance(request.tls_ca, str):
-                raise ProtocolError("PeerSend: tls_ca must be PEM text")
             tls = session.server.peer_copies.tls_context(request.tls_ca)
             link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S, tls=tls)
         else:
@@ -293,21 +451,13 @@ def on_send(session, request: m.PeerSend) -> None:
         raise PeerGone(f"the destination server of a copy, {request.address}, is gone ({exc})") from exc
     try:
         name = f"peer copy from {socket.gethostname()} session {session.number}"
-        handshake.client_handshake(link, request.key, name, CONNECT_TIMEOUT_S,
-                                   copy=(request.ticket, request.nbytes, request.expires))
-        link.send(MsgType.PEER_WRITE, m.encode(m.PeerWrite(request.ticket, request.nbytes)), [host_bytes(view)],
-                  req_id=1)
-        reply = _reply(link, 1)
-        if isinstance(reply, m.ErrorReply):
-            raise RemoteOpError(f"the destination server {request.address} refused the copy: {reply.message}")
-        if not isinstance(reply, m.PeerDone) or reply.nbytes != request.nbytes:
-            raise ProtocolError(f"the destination server {request.address} answered PeerWrite with {reply!r}")
-        link.send(MsgType.GOODBYE, m.encode(m.Goodbye()))
-    finally:
+        welcome = handshake.client_handshake(link, request.key, name, CONNECT_TIMEOUT_S,
+                                             copy=(request.ticket, request.nbytes, request.expires))
+    except BaseException:
         link.close()
-    copies = session.server.peer_copies
-    copies.bytes_sent += request.nbytes
-    copies.copies_sent += 1
+        raise
+    session.server.peer_copies.links_opened += 1
+    return _KeptLink(link, welcome.proof)
 
 
 def _reply(link: TcpTransport, req_id: int):

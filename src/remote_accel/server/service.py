@@ -236,6 +236,7 @@ class Server:
             live = list(self._live)
         for session in live:
             session.transport.close()  # wakes the session thread out of recv
+        self.peer_copies.close_links()
         deadline = time.monotonic() + timeout
         with self._lock:
             threads = list(self._threads)

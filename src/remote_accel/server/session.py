@@ -73,8 +73,10 @@ class Session(Receiving):
         self.client = "?"
         self.admitted = False  # counted by the server (authenticated, under max_clients)
         # (ticket, nbytes, expires): a source server's session, authenticated by one copy's
-        # key (server/peer.py), which may write that copy and nothing else
+        # key (server/peer.py), which may write that copy, then copies each proven by its
+        # own key over copy_binding (the WELCOME proof of this connection), and nothing else
         self.copy_grant: Optional[tuple] = None
+        self.copy_binding = b""
         self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
         self.counters = SessionCounters()
         self.table = StorageTable(self.device, server.session_limit, server.pool)
@@ -140,6 +142,8 @@ class Session(Receiving):
         self.events = SessionEvents(self.device)
         self.heartbeat.start()
         timeout = self.server.heartbeat_timeout
+        if self.copy_grant is not None:  # a source's kept copy connection: sends no heartbeats
+            timeout = min(timeout, peer.COPY_IDLE_S)
         # bound once: each message's path is a few microseconds of Python (issue #20)
         recv, sink, heartbeat, unpin = self.transport.recv, self._sink, self.heartbeat, self.table.native.unpin
         dispatch, exit_if_device_lost = self._dispatch, self.server.exit_if_device_lost
