@@ -2,11 +2,13 @@
 client CPU per training step, and a projection for 8 GPU servers.
 
     python benchmarks/bench_parallel.py [--servers 1,2,3] [--steps 10] [--batch 256] [--width 512]
-                                        [--depth 2] [--server-threads 1] [--ray | --tls] [--json]
+                                        [--depth 2] [--server-threads 1] [--ray | --tls | --dpdk] [--json]
 
 Starts max(--servers) server processes on 127.0.0.1 (or with --ray a remote_accel.ray
 ServerPool on a local Ray cluster; with --tls servers that speak TLS only, with a
-certificate of a CA made for the run, whose direct copies run over TLS too), each with
+certificate of a CA made for the run, whose direct copies run over TLS too; with --dpdk
+server 0 also serves DPDK on a memif port, which the client reaches it by with
+transport="auto", the others over TCP, each N in a client process of its own), each with
 --server-threads CPU threads, and for each
 N trains an MLP (--depth blocks of Linear(width, 4 width), ReLU, Linear(4 width, width))
 with SGD: N = 1 is the plain module on one server, N > 1 DataParallel over the first N.
@@ -123,8 +125,13 @@ def run(n: int, addresses, tokens, args) -> dict:
     import remote_accel
     from remote_accel.parallel import DataParallel
 
-    remote_accel.init(transport="tcp", servers=addresses[:n], tokens=tokens[:n], timeout=120, tls_ca=args.tls_ca)
+    # with --dpdk the port leads to server 0; "auto" reaches the others over TCP
+    transport = "auto" if args.dpdk else "tcp"
+    remote_accel.init(transport=transport, servers=addresses[:n], tokens=tokens[:n], timeout=120, tls_ca=args.tls_ca)
     try:
+        from remote_accel.pytorch_ext import runtime
+
+        links = [runtime.session(i).transport.peer.partition(":")[0] for i in range(n)]  # "tcp", "dpdk", "tls"
         torch.manual_seed(0)
         model = _model(args.width, args.depth).to("remote_accel:0")
         net = DataParallel(model) if n > 1 else model
@@ -147,7 +154,7 @@ def run(n: int, addresses, tokens, args) -> dict:
             step()
         seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         after = _counters(n)
-        result = {"servers": n, "samples_per_s": args.batch * args.steps / seconds,
+        result = {"servers": n, "links": links, "samples_per_s": args.batch * args.steps / seconds,
                   "step_ms": seconds / args.steps * 1e3, "client_cpu_ms": cpu / args.steps * 1e3}
         for key in before:
             result[f"{key}_bytes_per_step"] = (after[key] - before[key]) // args.steps
@@ -159,6 +166,19 @@ def run(n: int, addresses, tokens, args) -> dict:
         return result
     finally:
         remote_accel.shutdown()
+
+
+def _run_child(n: int, addresses, tokens, env: dict, argv) -> dict:
+    """run(n, ...) in a client process of its own, with the DPDK server's environment."""
+    import os
+    import subprocess
+
+    cmd = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv),
+           "--child", json.dumps([n, addresses, tokens])]
+    proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the client for {n} server(s) failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def project(rows: list[dict], args, param_bytes: int, latency_s: float) -> list[dict]:
@@ -209,11 +229,17 @@ def main(argv=None) -> int:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--ray", action="store_true", help="servers from a remote_accel.ray.ServerPool")
     where.add_argument("--tls", action="store_true", help="TLS servers (a CA and certificate made for the run)")
+    where.add_argument("--dpdk", action="store_true", help="server 0 over DPDK (memif), the others over TCP")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # with --dpdk: one N in a process of its own
     args = p.parse_args(argv)
     args.tls_ca = None
-    counts = sorted({int(c) for c in args.servers.split(",")})
     args.copy_costs = True
+    if args.child:
+        n, addresses, tokens = json.loads(args.child)
+        print(json.dumps(run(n, addresses, tokens, args)))
+        return 0
+    counts = sorted({int(c) for c in args.servers.split(",")})
     most = max(counts)
 
     if args.ray:
@@ -244,8 +270,14 @@ def main(argv=None) -> int:
             tls = ("--tls-cert", cert, "--tls-key", key)
         try:
             for i in range(most):
-                procs.append(ServerProcess("--threads", str(args.server_threads), *tls, token=f"bench-{i}").start())
-            rows = [run(n, ["%s:%d" % s.tcp for s in procs], [s.token for s in procs], args) for n in counts]
+                dpdk = ("--transport", "tcp,dpdk") if args.dpdk and i == 0 else ()
+                procs.append(ServerProcess("--threads", str(args.server_threads), *tls, *dpdk,
+                                           token=f"bench-{i}").start())
+            addresses, tokens = ["%s:%d" % s.tcp for s in procs], [s.token for s in procs]
+            if args.dpdk:  # a process per N: DPDK's EAL starts once per process
+                rows = [_run_child(n, addresses, tokens, procs[0].client_env(), argv) for n in counts]
+            else:
+                rows = [run(n, addresses, tokens, args) for n in counts]
         finally:
             for s in procs:
                 s.stop()
@@ -261,15 +293,16 @@ def main(argv=None) -> int:
     input_bytes = 2 * args.batch * args.width * 4
     print(f"DataParallel, MLP {args.depth} x ({args.width} -> {4 * args.width} -> {args.width}), "
           f"{param_bytes / MIB:.1f} MiB of parameters, batch {args.batch} (inputs {input_bytes / MIB:.2f} MiB), "
-          f"servers of {args.server_threads} thread(s){', Ray pool' if args.ray else ''}{', TLS' if args.tls else ''}")
+          f"servers of {args.server_threads} thread(s){', Ray pool' if args.ray else ''}{', TLS' if args.tls else ''}"
+          f"{', server 0 over DPDK (memif)' if args.dpdk else ''}")
     print(f"{'servers':>7} {'samples/s':>10} {'step ms':>8} {'speedup':>7} {'ceiling':>8} {'client CPU ms':>13} "
-          f"{'client tensor B/step':>20} {'client wire B/step':>18} {'server-server B/step':>20}")
+          f"{'client tensor B/step':>20} {'client wire B/step':>18} {'server-server B/step':>20}  links")
     base = rows[0]["samples_per_s"]
     for r in rows:
         ceiling = r.get("ceiling_samples_per_s", r["samples_per_s"]) / base
         print(f"{r['servers']:>7} {r['samples_per_s']:>10.1f} {r['step_ms']:>8.1f} {r['samples_per_s'] / base:>6.2f}x "
               f"{ceiling:>7.2f}x {r['client_cpu_ms']:>13.1f} {r['tensor_bytes_per_step']:>20,} "
-              f"{r['wire_bytes_per_step']:>18,} {r['peer_bytes_per_step']:>20,}")
+              f"{r['wire_bytes_per_step']:>18,} {r['peer_bytes_per_step']:>20,}  {'/'.join(r['links'])}")
     print("ceiling: n independent models, one per server, no copies (what this host allows side by side)")
     if copies:
         print(f"direct copy 0 -> 1: latency {copies['latency_s'] * 1e3:.2f} ms; parameters "

@@ -125,15 +125,19 @@ def test_pool_on_ray():
     _pool_rows(lines, 1)
 
 
-@pytest.mark.parametrize("tls", [(), ("--tls",)], ids=["tcp", "tls"])
-def test_parallel_rows_and_projection(tls):
+@pytest.mark.parametrize("link", ["tcp", "tls", "dpdk"])
+def test_parallel_rows_and_projection(link, request):
+    if link == "dpdk":
+        request.getfixturevalue("needs_dpdk")  # skips where DPDK is missing (fails in CI)
     lines = run_bench("bench_parallel.py", "--servers", "1,2", "--steps", "1", "--batch", "8", "--width", "16",
-                      "--depth", "1", *tls)
+                      "--depth", "1", *(() if link == "tcp" else (f"--{link}",)))
     assert lines[0].startswith("DataParallel, MLP 1 x (16 -> 64 -> 16)"), lines
-    assert lines[0].endswith(", TLS") == bool(tls), lines
+    assert lines[0].endswith({"tcp": "thread(s)", "tls": ", TLS", "dpdk": ", server 0 over DPDK (memif)"}[link]), lines
     measured = lines[2:lines.index(next(line for line in lines if line.startswith("ceiling:")))]
     rows = {int(line.split()[0]): numbers(line) for line in measured}
     assert sorted(rows) == [1, 2], lines
+    # the link of each device: server 0 over the transport asked for, the others over TCP (or TLS)
+    assert measured[-1].split()[-1] == {"tcp": "tcp/tcp", "tls": "tls/tls", "dpdk": "dpdk/tcp"}[link], lines
     for n, r in rows.items():
         # servers, samples/s, step ms, speedup, ceiling, client CPU ms, tensor B, wire B, server-server B
         assert len(r) == 9, lines

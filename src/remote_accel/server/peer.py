@@ -255,7 +255,6 @@ class PeerCopies:
                 self._used.popitem(last=False)
             return slot
 
-
     def _later_grant(self, session, copy: tuple, proof) -> tuple:
         """The terms of a later copy on a kept connection, once its proof holds: the key
         the destination derives from its own token for these terms, over the binding of
@@ -273,18 +272,20 @@ class PeerCopies:
 
 
 def _quiet(link) -> bool:
-    """Whether a kept connection is still open with nothing to read: a destination that
-    ended it (shut down, or found it idle too long) left an end of stream behind. A
-    heartbeat left from the last copy makes it not quiet too: it is closed, not reused."""
+    """Whether a kept connection is still open with nothing to read but heartbeats (a
+    busy destination's session beats while it waits for a copy's other half, and a
+    last beat may follow its PeerDone): a destination that ended the connection (shut
+    down, or found it idle too long) left an end of stream behind."""
     if link.closed:
         return False
     try:
-        link.recv(timeout=0)
+        while link.recv(timeout=0).type == MsgType.PONG:
+            pass
     except TransportTimeout:
         return True
     except Exception:  # noqa: BLE001 (an end of stream, a reset: the link is done)
         return False
-    return False
+    return False  # anything else out of turn: the connection is not trusted again
 
 
 def _close_all(kept: list) -> None:
