@@ -23,6 +23,7 @@ import remote_accel
 from remote_accel.dataplane import messages as m
 from remote_accel.errors import ProtocolError
 from remote_accel.pytorch_ext import handles, runtime
+from remote_accel.server import peer
 from remote_accel.server.peer import PeerCopies
 from remote_accel.server.testing import ServerProcess
 
@@ -373,11 +374,15 @@ def test_copies_keep_one_connection_and_open_another_once_the_destination_ended_
             torch.remote_accel.synchronize(0)
             stats = remote_accel.server_stats(0)
             assert (stats["peer_copies_sent"], stats["peer_links_opened"]) == (5, 1)
+            # a copy connection is no client of b: b counts only this client's session
+            assert remote_accel.server_stats(1)["server_sessions"] == 1
             time.sleep(6.5)  # b ends the idle copy connection after 5 s (the client's own session pings)
             assert torch.equal((x * 3).to("remote_accel:1").cpu(), host * 3)
             torch.remote_accel.synchronize(0)
             stats = remote_accel.server_stats(0)
-            assert (stats["peer_copies_sent"], stats["peer_links_opened"]) == (6, 2)
+            assert (stats["peer_copies_sent"], stats["peer_links_opened"], stats["peer_links_kept"]) == (6, 2, 1)
+            time.sleep(peer.KEEP_LINK_S + 1)  # with no copy to follow, a closes it itself
+            assert remote_accel.server_stats(0)["peer_links_kept"] == 0
             assert "Traceback" not in a.log() + b.log()
         finally:
             remote_accel.shutdown()

@@ -83,7 +83,9 @@ TLS_CONTEXTS_KEPT = 8
 #: A source keeps a connection to a destination this long after its last copy, for the
 #: next (several per DataParallel step); at most LINKS_KEPT_PER_DESTINATION of them, one
 #: per session copying there at the same time. A destination ends a copy connection idle
-#: for COPY_IDLE_S, which a source that went away leaves behind.
+#: for COPY_IDLE_S (or its heartbeat timeout), which a source that went away leaves
+#: behind. A copy connection is no client of the destination: it takes no --max-clients
+#: slot (Server.admit).
 KEEP_LINK_S = 10.0
 LINKS_KEPT_PER_DESTINATION = 4
 COPY_IDLE_S = 3 * KEEP_LINK_S
@@ -125,6 +127,7 @@ class PeerCopies:
         self._slots: dict[bytes, _Slot] = {}
         self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
         self._kept: dict[tuple, list[_KeptLink]] = {}  # by (address, TLS CA text) of a destination
+        self._janitor: Optional[threading.Thread] = None  # closes kept connections once idle too long
         self.bytes_sent = 0
         self.bytes_received = 0
         self.copies_sent = 0
@@ -153,7 +156,11 @@ class PeerCopies:
     def stats(self) -> dict:
         return {"peer_bytes_sent": self.bytes_sent, "peer_bytes_received": self.bytes_received,
                 "peer_copies_sent": self.copies_sent, "peer_copies_received": self.copies_received,
-                "peer_links_opened": self.links_opened}
+                "peer_links_opened": self.links_opened, "peer_links_kept": self.links_kept()}
+
+    def links_kept(self) -> int:
+        with self._cond:
+            return sum(len(links) for links in self._kept.values())
 
     # -- the source's kept connections --------------------------------------------------------
     def take_link(self, where: tuple) -> Optional[_KeptLink]:
@@ -185,9 +192,28 @@ class PeerCopies:
             links = self._kept.setdefault(where, [])
             if len(links) < LINKS_KEPT_PER_DESTINATION:
                 links.append(kept)
+                if self._janitor is None:
+                    self._janitor = threading.Thread(target=self._close_idle_links, name="peer-links", daemon=True)
+                    self._janitor.start()
             else:
                 stale.append(kept)
         _close_all(stale)
+
+    def _close_idle_links(self) -> None:
+        """The janitor: closes each kept connection KEEP_LINK_S after its last copy, so
+        that a destination does not keep a copy session for nothing; ends once none is
+        kept (the next kept connection starts another)."""
+        while True:
+            stale = []
+            with self._cond:
+                self._expire(stale)
+                if not self._kept and not stale:
+                    self._janitor = None
+                    return
+                if not stale:
+                    oldest = min(k.idle_since for links in self._kept.values() for k in links)
+                    self._cond.wait(max(0.01, oldest + KEEP_LINK_S - time.monotonic()))
+            _close_all(stale)
 
     def close_links(self) -> None:
         """At shutdown: every kept connection, each with a GOODBYE."""

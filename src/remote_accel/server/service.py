@@ -159,9 +159,15 @@ class Server:
 
     # -- sessions -------------------------------------------------------------------------------
     def admit(self, session: Session) -> bool:
-        """Count an authenticated session; False when max_clients are already served."""
+        """Count an authenticated session; False when max_clients are already served.
+        A source server's copy connection (session.copy_grant) is no client: it takes no
+        slot, is not counted, and shows in no client's metrics (server/peer.py)."""
         with self._lock:
-            if len(self._admitted) >= self.max_clients or self.stopping:
+            if self.stopping:
+                return False
+            if session.copy_grant is not None:
+                return True
+            if len(self._admitted) >= self.max_clients:
                 return False
             # the lowest free client slot: a metrics label that stays below max_clients
             used = {s.slot for s in self._admitted}
