@@ -41,9 +41,8 @@ class NativeQueue:
         return _C.queue_take(self.index, _FREE)
 
     def wait(self, timeout: float) -> bool:
-        """Sleep without the GIL until an op is queued here or wake() is called since the
-        last take, or the queue closes (True), or `timeout` seconds pass (False): the
-        timer flush's wait. It takes nothing: only take() clears what it waits for."""
+        """Sleep without the GIL until an op is queued here, wake() is called or the queue
+        closes (True), or `timeout` seconds pass (False): the timer flush's wait."""
         return _C.queue_wait(self.index, timeout)
 
     def wake(self) -> None:

@@ -101,7 +101,6 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, in
   }
   auto taken = std::make_tuple(requests, q.ops, std::move(bytes));
   q.requests = q.ops = 0;
-  q.woken = false;  // what queue_wake announced goes with this take (Python's batch)
   q.limit = q.filled ? std::min(2 * q.limit, g_max_items.load(std::memory_order_relaxed))
                      : g_first_items.load(std::memory_order_relaxed);
   q.filled = false;
@@ -111,10 +110,10 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, in
 bool queue_wait(c10::DeviceIndex device, double timeout_s) {
   auto& q = queue(device);
   std::unique_lock<std::mutex> lock(q.mu);
-  // `woken` stays set until the next take, like the ops: a second waiter (a test, a
-  // session's thread still ending) cannot swallow the flush thread's wake-up
-  return q.work.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                         [&] { return q.ops > 0 || q.woken || !q.open; });
+  const bool ready = q.work.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                     [&] { return q.ops > 0 || q.woken || !q.open; });
+  q.woken = false;
+  return ready;
 }
 
 void queue_wake(c10::DeviceIndex device) {

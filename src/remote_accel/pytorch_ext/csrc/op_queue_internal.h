@@ -54,8 +54,8 @@ struct Queue {
   std::unordered_set<uint64_t> announced;  // storage ids the server holds
   // The session's timer flush waits on `work` without the GIL (queue_wait) until an op is
   // queued here or `woken` is set (queue_wake: a request in Python's own batch, or the
-  // session stopping; cleared by the next take): an idle session's flush thread sleeps
-  // instead of waking every flush interval.
+  // session stopping): an idle session's flush thread sleeps instead of waking every
+  // flush interval, which cost a sync right after the user's own work 40-200 us.
   std::condition_variable work;
   bool woken = false;
 };
