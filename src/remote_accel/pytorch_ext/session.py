@@ -190,8 +190,6 @@ class Session:
             self._take_native()
             self._batch += encode(item)
             self._batch_items += 1
-            if self._batch_items == 1 and self.native_queue is not None:
-                self.native_queue.wake()  # the timer flush sleeps until something is queued
             if payload is not None:
                 self._payloads.append(payload)
                 self._payload_bytes += len(payload)
@@ -730,21 +728,8 @@ class Session:
 
     def _flush_loop(self) -> None:
         """The timer flush: send what has waited `flush_after`. It never waits for the lock:
-        a thread that holds it (queueing, flushing, waiting at a sync) sends soon anyway.
-        While nothing is queued it sleeps in C++ without the GIL (NativeQueue.wait) rather
-        than waking every `flush_after`: those wake-ups, 500 a second, cost a sync right
-        after the user's own work (x.sum().item() after 1-5 ms of other work: 200 and
-        330-480 us with them, 150-160 and 260-270 us without, docs/performance.md)."""
-        while True:
-            after = self.flush_after
-            queue = self.native_queue
-            if after and queue is not None and not self._batch_items:
-                if not queue.wait(HEARTBEAT_S / 2):
-                    if self._stop.is_set():
-                        return
-                    continue
-            if self._stop.wait(after or HEARTBEAT_S / 2):
-                return
+        a thread that holds it (queueing, flushing, waiting at a sync) sends soon anyway."""
+        while not self._stop.wait(self.flush_after or HEARTBEAT_S / 2):
             if self._dead is not None:
                 return
             after = self.flush_after
@@ -759,8 +744,6 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
-        if self.native_queue is not None:
-            self.native_queue.wake()  # the timer flush may sleep in C++
         self._journal = None  # a session that ends does not wait for its server to come back
         if self._dead is None:
             try:

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 
 namespace remote_accel {
 namespace detail {
@@ -58,7 +57,6 @@ void reset(Queue& q, bool open) {
   q.requests = q.ops = 0;
   q.limit = g_first_items.load(std::memory_order_relaxed);
   q.filled = false;
-  q.woken = false;
 }
 } // namespace
 
@@ -75,7 +73,6 @@ void queue_close(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(q.mu);
     reset(q, false);
   }
-  q.work.notify_all();  // a waiting timer flush returns (the queue is closed)
   end_session(device);  // the server forgets the session's storages: they become stale
 }
 
@@ -105,24 +102,6 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, in
                      : g_first_items.load(std::memory_order_relaxed);
   q.filled = false;
   return taken;
-}
-
-bool queue_wait(c10::DeviceIndex device, double timeout_s) {
-  auto& q = queue(device);
-  std::unique_lock<std::mutex> lock(q.mu);
-  const bool ready = q.work.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                                     [&] { return q.ops > 0 || q.woken || !q.open; });
-  q.woken = false;
-  return ready;
-}
-
-void queue_wake(c10::DeviceIndex device) {
-  auto& q = queue(device);
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    q.woken = true;
-  }
-  q.work.notify_all();
 }
 
 uint64_t announce(const at::Tensor& t, c10::DeviceIndex device) {
