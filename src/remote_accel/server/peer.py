@@ -284,12 +284,11 @@ class PeerCopies:
     def _later_grant(self, session, copy: tuple, proof) -> tuple:
         """The terms of a later copy on a kept connection, once its proof holds: the key
         the destination derives from its own token for these terms, over the binding of
-        this connection. Refused like a HELLO naming them: expired, replayed, or wrong."""
+        this connection. Refused like a HELLO naming them: expired or wrong (a replayed
+        ticket is refused by claim, which checks every write's)."""
         why = handshake.copy_refusal(copy)
         if why is not None:
             raise ProtocolError(f"PeerWrite: {why}")
-        if self.was_used(copy[0]):
-            raise ProtocolError("PeerWrite: this ticket was used already")
         key = handshake.copy_key(session.server.token, *copy)
         if not session.copy_binding or not handshake.matches(handshake.write_proof(key, session.copy_binding), proof):
             raise ProtocolError("PeerWrite: wrong key for this copy: it is no HMAC under this server's token (the "
