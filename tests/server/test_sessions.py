@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -248,6 +249,34 @@ def test_goodbye_frees_everything(limited):
         wait_for(lambda: only_ours(observer), what="memory freed after GOODBYE")
         with pytest.raises(TransportError):
             leaving.recv(timeout=5)
+
+
+def test_a_client_that_leaves_while_its_work_runs_is_read_to_its_goodbye(server):
+    """A script that ends without waiting for its last work: its queued ops and GOODBYE are
+    sent, then its socket closes with one of the server's busy beats unread, so its kernel
+    answers the next beat with a reset. That failed beat must not end the session before
+    the session has read what the client sent (the heartbeat thread used to close the
+    transport: the work was dropped and the log said "connection lost")."""
+    a = torch.randn(1024, 1024)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(5):
+            a @ a
+    # about 3 s of work on one core here: the server is still busy a beat after the client left
+    n = max(20, int(3.0 / ((time.perf_counter() - start) / 5)))
+    with Client.tcp(*server.tcp, token=server.token) as c:
+        ref = c.upload(a)
+        c.sync()
+        out = c.empty((1024, 1024))
+        c.batch(*[m.RunOp("aten::mm", encode_arg((ref, ref)), encode_arg({}), encode_arg((out,)), False)] * n)
+        ready, _, _ = select.select([c.transport.fileno()], [], [], 10)
+        assert ready, "no busy beat came"
+        c.goodbye()
+        session = c.welcome.session
+    wait_for(lambda: f"client disconnected: session {session}," in server.log(), timeout=120,
+             what="the session's end")
+    ended = next(line for line in server.log().splitlines() if f"client disconnected: session {session}," in line)
+    assert ": goodbye; freed" in ended and int(ended.rsplit("after ", 1)[1].split()[0]) >= n, ended
 
 
 def test_max_clients(limited):

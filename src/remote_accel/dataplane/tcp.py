@@ -108,6 +108,10 @@ class TcpTransport(Transport):
     def stats(self) -> dict:
         return dict(self._counters)
 
+    def fileno(self) -> int:
+        """The socket's descriptor, for select() (a caller that waits for bytes unread)."""
+        return self._sock.fileno()
+
     def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
         self.send_many(((msg_type, meta, payloads, req_id),), flags=flags)
 
@@ -129,7 +133,7 @@ class TcpTransport(Transport):
             except (socket.timeout, TimeoutError):
                 raise self._broken(f"send to {self.peer} stalled for {self._stall:.0f} s") from None
             except OSError as exc:
-                raise self._broken(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
+                raise self._send_failed(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
         self._heard = True
         self._counters["tx_messages"] += len(messages)
         self._counters["tx_bytes"] += total
@@ -220,8 +224,11 @@ class TcpTransport(Transport):
         with self._send_lock:
             self._check_open()
             rc = send_fn()
+        if rc == -errno.ETIMEDOUT:  # the C++ send's own stall timeout (native_socket)
+            stall = self._stall if self._stall is not None else DEFAULT_STALL_TIMEOUT_S
+            raise self._broken(f"send to {self.peer} stalled for {stall:.0f} s")
         if rc < 0:
-            raise self._broken(f"send to {self.peer} failed: {os.strerror(-rc)}")
+            raise self._send_failed(f"send to {self.peer} failed: {os.strerror(-rc)}")
 
     def recv_error(self, rc: int) -> Exception:
         """The exception recv() raises for the C++ loop's -errno `rc`."""
@@ -263,6 +270,16 @@ class TcpTransport(Transport):
         if self._closed:
             return TransportClosed(f"transport to {self.peer} was closed")
         self.close()
+        return PeerGone(text)
+
+    def _send_failed(self, text: str) -> Exception:
+        """A send the peer's end refused (EPIPE, ECONNRESET: it closed or went away). The
+        transport stays open for recv: what the peer sent before it left (a client's last
+        requests, its GOODBYE) is still in the socket, and recv reads it, then finds the end
+        of the stream. The sender is often another thread than the receiver (a server's
+        busy beat): closing here dropped those bytes. A stalled send closes (_broken)."""
+        if self._closed:
+            return TransportClosed(f"transport to {self.peer} was closed")
         return PeerGone(text)
 
     def _wait_readable(self, timeout: Optional[float]) -> None:
