@@ -290,6 +290,38 @@ def test_the_timer_flush_sends_a_batch_that_is_not_full(session):
     assert x.cpu().tolist() == [6.0, 6.0]
 
 
+def test_the_timer_flush_sleeps_in_cpp_until_an_op_is_queued(session):
+    """NativeQueue.wait, the timer flush's sleep without the GIL: it times out on an
+    empty queue, returns at once once an op is served into the queue or wake() was
+    called, and takes nothing (the session thread waiting beside this one cannot
+    swallow what wakes it): only the next take, a flush, clears it. The session's own
+    timer flush is off meanwhile: it would take the queued op 2 ms after it came."""
+    queue = session.native_queue
+    x = torch.zeros(2, device="remote_accel")
+    flush_after, session.flush_after = session.flush_after, None
+    try:
+        x.add_(1.0)
+        session.flush()
+        assert not queue.wait(0.05)  # nothing queued: the wait times out
+        x.add_(1.0)  # served from its plan into the C++ queue
+        assert queue.wait(5) and queue.wait(0)  # at once, and again: waiting takes nothing
+        session.flush()
+        assert not queue.wait(0.01)
+        queue.wake()
+        assert queue.wait(5) and queue.wait(0)
+        session.flush()
+        assert not queue.wait(0.01)
+        done = []
+        waiter = threading.Thread(target=lambda: done.append(queue.wait(30)))
+        waiter.start()  # asleep without the GIL: this thread goes on queueing
+        x.add_(1.0)
+        waiter.join(30)
+        assert done == [True]
+    finally:
+        session.flush_after = flush_after
+    assert x.cpu().tolist() == [3.0, 3.0]
+
+
 def test_an_error_in_a_timer_flushed_batch_raises_at_the_next_sync(session):
     """A served op that fails on the server, in a batch the timer sent, while later
     batches follow: the next sync raises naming the op, and the session goes on."""

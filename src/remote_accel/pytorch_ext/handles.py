@@ -40,6 +40,15 @@ class NativeQueue:
         every use of them is queued by now, here or in Python's batch before this take."""
         return _C.queue_take(self.index, _FREE)
 
+    def wait(self, timeout: float) -> bool:
+        """Sleep without the GIL until an op is queued here or wake() is called since the
+        last take, or the queue closes (True), or `timeout` seconds pass (False): the
+        timer flush's wait. It takes nothing: only take() clears what it waits for."""
+        return _C.queue_wait(self.index, timeout)
+
+    def wake(self) -> None:
+        _C.queue_wake(self.index)
+
     def memory_allocated(self) -> int:
         """Bytes of this device's live storages, as the allocator counts them."""
         return _C.memory_allocated(self.index)[0]

@@ -233,6 +233,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device_index"), "Accept requests for this device (a new session: no storage announced).");
   m.def("queue_close", [](int device) { ra::queue_close(static_cast<c10::DeviceIndex>(device)); },
         py::arg("device_index"), "Refuse requests for this device and drop what is queued.");
+  m.def("queue_wait", [](int device, double timeout_s) {
+          return ra::queue_wait(static_cast<c10::DeviceIndex>(device), timeout_s);
+        }, py::arg("device_index"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+        "Wait without the GIL until an op is queued in C++ or queue_wake is called since the last take, "
+        "or the queue closes (True), or timeout_s passes (False).");
+  m.def("queue_wake", [](int device) { ra::queue_wake(static_cast<c10::DeviceIndex>(device)); },
+        py::arg("device_index"), py::call_guard<py::gil_scoped_release>(), "Wake queue_wait.");
   m.def("queue_take", [](int device, int64_t free_type) {
           auto [requests, ops, bytes] = ra::queue_take(static_cast<c10::DeviceIndex>(device), free_type);
           return py::make_tuple(requests, ops, py::bytes(bytes));

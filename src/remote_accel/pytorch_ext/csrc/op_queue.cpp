@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 
 namespace remote_accel {
 namespace detail {
@@ -57,6 +58,7 @@ void reset(Queue& q, bool open) {
   q.requests = q.ops = 0;
   q.limit = g_first_items.load(std::memory_order_relaxed);
   q.filled = false;
+  q.woken = false;
 }
 } // namespace
 
@@ -73,6 +75,7 @@ void queue_close(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(q.mu);
     reset(q, false);
   }
+  q.work.notify_all();  // a waiting timer flush returns (the queue is closed)
   end_session(device);  // the server forgets the session's storages: they become stale
 }
 
@@ -98,10 +101,29 @@ std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, in
   }
   auto taken = std::make_tuple(requests, q.ops, std::move(bytes));
   q.requests = q.ops = 0;
+  q.woken = false;  // what queue_wake announced goes with this take (Python's batch)
   q.limit = q.filled ? std::min(2 * q.limit, g_max_items.load(std::memory_order_relaxed))
                      : g_first_items.load(std::memory_order_relaxed);
   q.filled = false;
   return taken;
+}
+
+bool queue_wait(c10::DeviceIndex device, double timeout_s) {
+  auto& q = queue(device);
+  std::unique_lock<std::mutex> lock(q.mu);
+  // `woken` stays set until the next take, like the ops: a second waiter (a test, a
+  // session's thread still ending) cannot swallow the flush thread's wake-up
+  return q.work.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                         [&] { return q.ops > 0 || q.woken || !q.open; });
+}
+
+void queue_wake(c10::DeviceIndex device) {
+  auto& q = queue(device);
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.woken = true;
+  }
+  q.work.notify_all();
 }
 
 uint64_t announce(const at::Tensor& t, c10::DeviceIndex device) {

@@ -44,6 +44,14 @@ void queue_close(c10::DeviceIndex device);
 // take_freed() would return, after the rest: one call per batch instead of two.
 std::tuple<int64_t, int64_t, std::string> queue_take(c10::DeviceIndex device, int64_t free_type = -1);
 
+// The timer flush's wait, called without the GIL: true once an op is queued or
+// queue_wake was called since the last take, or the queue is closed; false after
+// timeout_s. Waiting takes nothing: only queue_take clears what it waits for.
+bool queue_wait(c10::DeviceIndex device, double timeout_s);
+// Wakes queue_wait until the next take: a request waits in Python's batch, or the
+// session stops.
+void queue_wake(c10::DeviceIndex device);
+
 // The storage id of a remote argument, queueing ALLOC first if the server has not seen it.
 uint64_t announce(const at::Tensor& t, c10::DeviceIndex device);
 // The storage id of a fresh result: the server creates the storage when it binds it.

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <bit>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,12 @@ struct Queue {
   int64_t limit = 1;  // set by reset() when the queue opens
   bool filled = false;  // this batch reached its limit
   std::unordered_set<uint64_t> announced;  // storage ids the server holds
+  // The session's timer flush waits on `work` without the GIL (queue_wait) until an op is
+  // queued here or `woken` is set (queue_wake: a request in Python's own batch, or the
+  // session stopping; cleared by the next take): an idle session's flush thread sleeps
+  // instead of waking every flush interval.
+  std::condition_variable work;
+  bool woken = false;
 };
 
 // The queue of a device index (checked).

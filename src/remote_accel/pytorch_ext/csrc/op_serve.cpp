@@ -115,11 +115,13 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
 
   auto& q = queue(call.device);
   bool full = false;
+  bool first = false;  // the first op since the last take: wakes the timer flush
   {
     std::lock_guard<std::mutex> lock(q.mu);
     if (!q.open) {
       return false;  // Python raises the session's error
     }
+    first = q.ops == 0;
     for (size_t i = 0; i < call.tensors.size(); ++i) {
       const auto sid = input_sids[i];
       if (sid != 0 && q.announced.insert(sid).second && !(call.written[i] && spans_storage(call.tensors[i]))) {
@@ -158,6 +160,9 @@ bool serve(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& 
     ++q.ops;
     full = q.requests >= q.limit;
     q.filled = q.filled || full;
+  }
+  if (first) {
+    q.work.notify_one();
   }
   plans().hits.fetch_add(1, std::memory_order_relaxed);
   if (full) {
