@@ -101,8 +101,9 @@ prepare_venv() {
 models_venv=${REMOTE_ACCEL_MODELS_VENV:-.venv-models}
 models_torch=${REMOTE_ACCEL_MODELS_TORCH:-torch==2.14.1 torchvision==0.29.1}
 models_packages=(transformers==5.23.0 timm==1.0.31)
-# the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded
-models_suites=(-m "not slow" tests/models tests/device tests/e2e tests/server)
+# the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded; so
+# do the tests that no torch can change (any_torch: transports, liveness, auth, pools)
+models_suites=(-m "not slow and not any_torch" tests/models tests/device tests/e2e tests/server)
 run_models() {
   prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}" || return
   log "tests in $models_venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"

@@ -15,6 +15,8 @@ import pytest
 
 from remote_accel.server.testing import ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 CLIENT = os.path.join(os.path.dirname(__file__), "failure_client.py")
 TIMEOUT_S = 2.0  # the client's silence limit: the work below takes several times this
 WAIT_S = 300  # a loaded 2-core machine, EAL start-up: generous, it only bounds a hang

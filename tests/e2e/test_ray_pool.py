@@ -16,6 +16,8 @@ import torch.nn as nn
 
 import remote_accel
 
+pytestmark = pytest.mark.any_torch
+
 ray = pytest.importorskip("ray", reason="remote_accel.ray needs Ray: pip install 'remote_accel[ray]'")
 
 MIB = 1 << 20

@@ -14,6 +14,8 @@ from remote_accel.errors import AuthError, ConfigError, PeerGone, RemoteAccelErr
 from remote_accel.pytorch_ext import lifecycle, runtime
 from remote_accel.server.testing import openssl, Client, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 @pytest.fixture(scope="module")
 def tls_server(pki):
     with ServerProcess("--tls-cert", pki["cert"], "--tls-key", pki["key"]) as server:

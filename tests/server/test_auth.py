@@ -23,6 +23,8 @@ from remote_accel.dataplane.tcp import TcpListener, TcpTransport
 from remote_accel.errors import AuthError, ConfigError
 from remote_accel.server.testing import Client, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 
 def token_pieces(token: str, width: int = 8) -> list[bytes]:
     """Every `width`-byte run of the token: none may show up anywhere on the wire."""

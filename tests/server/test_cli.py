@@ -15,6 +15,8 @@ from remote_accel.errors import ConfigError
 from remote_accel.server import auth
 from remote_accel.server.__main__ import build_parser, parse_listen, parse_size, parse_transports, split_eal
 
+pytestmark = pytest.mark.any_torch
+
 
 def test_sizes():
     assert parse_size("1048576") == 1 << 20

@@ -24,6 +24,8 @@ from remote_accel.torch_wire import values as torch_values
 from remote_accel.dataplane.codec import Ext
 from remote_accel.server.testing import Client, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 DEFAULT_SESSIONS = 2000
 CONNECTIONS = 8  # mutated sessions in flight at once
 

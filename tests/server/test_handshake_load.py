@@ -17,6 +17,8 @@ from remote_accel.dataplane import wire
 from remote_accel.server import service
 from remote_accel.server.testing import Client, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 IDLE, HALF = 300, 50
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from remote_accel.server import native
 
+pytestmark = pytest.mark.any_torch
+
 MIB = 1 << 20
 LIMIT = 8 * MIB
 

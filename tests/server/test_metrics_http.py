@@ -16,6 +16,8 @@ import torch
 from remote_accel.server.metrics_http import MAX_CONNECTIONS, MAX_REQUEST_HEAD
 from remote_accel.server.testing import Client, ServerProcess, scrape
 
+pytestmark = pytest.mark.any_torch
+
 #: Far above the endpoint's deadline for a request head (5 s): a bound, not a timing.
 CUT_OFF_WITHIN_S = 60.0
 

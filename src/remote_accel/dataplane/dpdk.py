@@ -185,7 +185,12 @@ class DpdkTransport(Transport):
             reason = ffi.new("char[]", 200)
             lib.shim_conn_reason(self._c, reason, 200)
             text = ffi.string(reason).decode() or os.strerror(err)
-            self.close()
+            # A send the peer's end refused (it closed, or reset): the messages it sent
+            # before are still in this connection's receive ring, and recv reads them
+            # first (a server's busy beat must not drop a client's last work and GOODBYE;
+            # see TcpTransport._send_failed). Anything else closes.
+            if not (op == "send" and err in (errno.EPIPE, errno.ECONNRESET)):
+                self.close()
             return PeerGone(f"{self.peer}: {text}")
         try:
             _check(rc, op, self._port)

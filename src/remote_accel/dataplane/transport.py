@@ -55,7 +55,10 @@ class Transport(abc.ABC):
         link allows it; they must stay unchanged until send returns).
 
         Raises: MessageTooLarge (limits; nothing was sent), TransportClosed (closed here),
-        PeerGone (the peer closed, died or stopped acknowledging within the timeout).
+        PeerGone (the peer closed, died or stopped acknowledging within the timeout). A peer
+        that closed or reset leaves the transport open: recv still returns the messages it
+        sent before (a client's last work, its GOODBYE), then raises PeerGone; a send that
+        stalled closes it.
         """
 
     @abc.abstractmethod
