@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 import remote_accel
+from remote_accel.pytorch_ext import recovery
 from remote_accel.server.testing import ServerProcess
 
 TIMEOUT_S = 10.0
@@ -199,6 +200,50 @@ def test_snapshots_keep_recovery_memory_bounded(server, connect, monkeypatch):
     # snapshots were taken (the journal alone would pass the limit): the journal restarts
     assert remote_accel.stats()["recovery_snapshots"] >= 1
     assert min(seen[10:]) < max(seen)
+
+
+def _loader_steps(steps: int, on_step=None) -> list:
+    """A least-squares fit fed a fresh 256 KiB batch each step, as from a data loader:
+    uploads large enough to be kept by reference (the journal keeps them alive)."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.zeros(1024, 1).to("remote_accel")
+    target = torch.randn(1024, 1, generator=gen)
+    losses = []
+    for step in range(steps):
+        batch = torch.randn(64, 1024, generator=gen)
+        x, y = batch.to("remote_accel"), (batch @ target).to("remote_accel")
+        err = x @ w - y
+        w -= 1e-4 * (x.t() @ err)
+        if on_step is not None:
+            on_step(step)
+        losses.append(err.pow(2).mean().item())
+    return losses
+
+
+def test_a_data_loader_s_batches_are_kept_only_while_they_outweigh_no_snapshot(server, connect, monkeypatch):
+    """Fresh batches each step: the journal keeps them until it holds more than the
+    session's own state (or JOURNAL_FLOOR), then a snapshot replaces it. Before, they
+    stayed alive until the recovery memory limit, a quarter of the host's memory."""
+    monkeypatch.setattr(recovery, "JOURNAL_FLOOR", 1 << 20)
+    connect()
+    try:
+        expected = _loader_steps(60)
+    finally:
+        remote_accel.shutdown()
+    connect()
+    seen = []
+
+    def kill(step):
+        seen.append(remote_accel.stats()["recovery_bytes"])
+        if step == 50:
+            server.kill()
+            server.restart()
+
+    assert _loader_steps(60, kill) == expected
+    stats = remote_accel.stats()
+    assert stats["recoveries"] == 1 and stats["recovery_snapshots"] >= 3, stats
+    # 60 batches are 15 MiB: the journal never held more than about a floor and a step
+    assert max(seen) < 3 << 20, seen
 
 
 def test_a_compiled_model_recovers(server, connect):

@@ -66,6 +66,9 @@ MAX_GRAPHS = 256
 SNAPSHOT_EVERY_S = 60.0
 #: ...but snapshots take at most this share of the time between them.
 SNAPSHOT_SHARE = 0.02
+#: The journal may hold this many bytes before a snapshot is due on its size alone, however
+#: small the session is (see Journal.snapshot_due).
+JOURNAL_FLOOR = 64 << 20
 #: Journal requests sent per transport call during a replay.
 REPLAY_CHUNK = 64
 
@@ -180,7 +183,10 @@ class Journal:
         return kept
 
     def changed_uploads(self) -> bool:
-        """Whether a tensor whose upload the journal borrowed changed in place since."""
+        """Whether a tensor whose upload the journal borrowed changed in place since. Asked
+        at every sync point: the uploads whose tensor is gone (a data loader's last batches)
+        can no longer change and are looked at once."""
+        self._borrowed = [b for b in self._borrowed if b.source() is not None]
         return any(not b.unchanged() for b in self._borrowed)
 
     def record_answered(self, msg_type: int, meta: bytes) -> None:
@@ -236,10 +242,17 @@ class Journal:
         holds on the server now (the next snapshot's size)."""
         if self._borrowed and self.changed_uploads():
             return True  # the journal no longer holds what was uploaded: keep the server's state now
+        afforded = now - self.last_snapshot >= self.snapshot_cost / SNAPSHOT_SHARE
         if self.broken is None and (now - self.last_snapshot < SNAPSHOT_EVERY_S or not self.entries):
             # the next snapshot is read while the old one and the journal are still kept
-            return self.entry_bytes > self.limit - self.definition_bytes - self.snapshot.nbytes - live_bytes
-        return now - self.last_snapshot >= self.snapshot_cost / SNAPSHOT_SHARE
+            if self.entry_bytes > self.limit - self.definition_bytes - self.snapshot.nbytes - live_bytes:
+                return True
+            # A journal larger than the session's state costs more memory than the snapshot
+            # that replaces it: a data loader's fresh batches, each uploaded by reference,
+            # stayed alive in it until the limit (a quarter of the host's memory: 4 GB in
+            # 12 s of a 3 MiB batch per step). Within the snapshots' share of the time.
+            return afforded and self.entry_bytes > max(live_bytes, JOURNAL_FLOOR)
+        return afforded
 
     def take_snapshot(self, state: m.StateReply, read: Callable[[int, int], bytes]) -> None:
         """Keep the server's state now: `state` lists the storages, `read(sid, nbytes)` reads one."""
