@@ -1,12 +1,19 @@
 """Recovery (issue #35): what keeping a session recoverable costs, and what a recovery takes.
 
     python benchmarks/bench_recovery.py [--transport tcp|dpdk] [--steps N] [--rounds N]
-                                        [--server-threads N] [--big-mb MB] [--only overhead,recovery]
+                                        [--server-threads N] [--big-mb MB]
+                                        [--only overhead,loader,recovery]
 
 overhead: the tiny Transformer's eager training step (bench_compile.py's model, AdamW,
 a loss.item() per step) with recovery on and off, alternating --rounds times in this one
 process against one server (a slow spell of the shared host hits both); medians of
 --steps steps per round, and their ratio per round.
+
+loader: a loop that uploads a fresh batch per step, as from a data loader (a linear
+model on 3 MiB batches, SGD, loss.item() per step: 5 x --steps steps), recovery on and
+off alternating --rounds times: median step times, their ratio, and with recovery on the
+client's RSS growth over the run and the most host memory recovery kept (recovery_bytes:
+each batch is kept by reference until a snapshot replaces the journal).
 
 recovery: per model (the tiny Transformer; an MLP of about --big-mb MB of parameters,
 AdamW), --steps steps (the larger model: a few), then the server killed with SIGKILL and
@@ -87,6 +94,48 @@ def overhead(server: ServerProcess, args) -> None:
     print(f"median on/off: {statistics.median(ratios):.3f}")
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def loader(server: ServerProcess, args) -> None:
+    steps = 5 * args.steps
+    print(f"a fresh 3 MiB batch uploaded per step (linear model, SGD, loss.item()), medians of {steps} steps, "
+          f"{args.rounds} rounds alternating; recovery on: client RSS growth, most recovery_bytes")
+    print(f"{'loader':>6} {'on ms':>8} {'off ms':>8} {'on/off':>7} {'RSS +MiB':>9} {'kept MB':>8}")
+    ratios = []
+    for r in range(args.rounds):
+        medians, grown, kept = {}, 0.0, 0
+        for recovery in ((True, False) if r % 2 == 0 else (False, True)):
+            _connect(server, args.transport, recovery)
+            torch.manual_seed(0)
+            model = nn.Linear(3072, 10).to("remote_accel")
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            start_rss, times = _rss_mib(), []
+            for i in range(steps + 5):
+                start = time.perf_counter()
+                x = torch.randn(256, 3072).to("remote_accel")
+                y = torch.randint(0, 10, (256,)).to("remote_accel")
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                loss.item()
+                if i >= 5:
+                    times.append(time.perf_counter() - start)
+                if recovery:
+                    kept = max(kept, remote_accel.stats()["recovery_bytes"])
+            if recovery:
+                grown = _rss_mib() - start_rss
+            medians[recovery] = statistics.median(times)
+            remote_accel.shutdown()
+        ratios.append(medians[True] / medians[False])
+        print(f"{'loader ' + str(r):>6} {medians[True] * 1e3:8.2f} {medians[False] * 1e3:8.2f} {ratios[-1]:7.3f} "
+              f"{grown:9.0f} {kept / 1e6:8.1f}")
+    print(f"loader median on/off: {statistics.median(ratios):.3f}")
+
+
 def recover(server: ServerProcess, args) -> None:
     print("recovery: killed with SIGKILL after the steps, restarted on its address; seconds from listening again")
     print(f"{'model':>14} {'steps':>5} {'step s':>7} {'kept MB':>8} {'ops':>7} "
@@ -122,7 +171,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--big-mb", type=int, default=100, help="parameter megabytes of the larger model")
-    parser.add_argument("--only", default="overhead,recovery")
+    parser.add_argument("--only", default="overhead,loader,recovery")
     add_server_threads_option(parser)
     args = parser.parse_args()
     parts = set(args.only.split(","))
@@ -132,6 +181,8 @@ def main() -> int:
         os.environ.update(server.client_env())
         if "overhead" in parts:
             overhead(server, args)
+        if "loader" in parts:
+            loader(server, args)
         if "recovery" in parts:
             recover(server, args)
     return 0

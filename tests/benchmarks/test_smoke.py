@@ -154,6 +154,9 @@ def test_recovery_overhead_and_recovery_rows():
     # round 0: on ms, off ms, their ratio
     assert len(numbers(row(lines, "0 "))) == 3, lines
     assert len(numbers(row(lines, "median on/off:"))) == 1, lines
+    # a fresh batch per step: on ms, off ms, ratio, RSS growth, recovery MB
+    assert len(numbers(row(lines, "loader 0"))) == 5 and numbers(row(lines, "loader 0"))[4] > 0, lines
+    assert len(numbers(row(lines, "loader median on/off:"))) == 1, lines
     for model, columns in (("tiny", 7), ("mlp", 8)):
         # [the MLP's parameter MB,] steps, step s, kept MB, ops replayed, recovery s, then s, work s
         values = numbers(row(lines, model))[-7:]
