@@ -131,7 +131,7 @@ class TcpTransport(Transport):
             try:
                 self._sendall(pieces)
             except (socket.timeout, TimeoutError):
-                raise self._broken(f"send to {self.peer} stalled for {self._stall:.0f} s") from None
+                raise self._send_stalled() from None
             except OSError as exc:
                 raise self._send_failed(f"send to {self.peer} failed: {exc.strerror or exc}") from exc
         self._heard = True
@@ -190,7 +190,7 @@ class TcpTransport(Transport):
         self._ahead_pin = memoryview(self._ahead)
         address = np.frombuffer(self._ahead_pin, np.uint8).ctypes.data
         limits = self._limits
-        stall_ns = int((self._stall if self._stall is not None else DEFAULT_STALL_TIMEOUT_S) * 1e9)
+        stall_ns = int(self._stall_s() * 1e9)
         return (self._sock.fileno(), address, len(self._ahead), self._window.max_ns, stall_ns,
                 (wire.MAGIC[0], wire.MAGIC[1], WIRE_VERSION, limits.max_meta, limits.max_payloads,
                  limits.max_payload_total))
@@ -225,8 +225,7 @@ class TcpTransport(Transport):
             self._check_open()
             rc = send_fn()
         if rc == -errno.ETIMEDOUT:  # the C++ send's own stall timeout (native_socket)
-            stall = self._stall if self._stall is not None else DEFAULT_STALL_TIMEOUT_S
-            raise self._broken(f"send to {self.peer} stalled for {stall:.0f} s")
+            raise self._send_stalled()
         if rc < 0:
             raise self._send_failed(f"send to {self.peer} failed: {os.strerror(-rc)}")
 
@@ -270,17 +269,31 @@ class TcpTransport(Transport):
         if self._closed:
             return TransportClosed(f"transport to {self.peer} was closed")
         self.close()
+        return self._gone(text)
+
+    def _gone(self, text: str) -> PeerGone:
+        """The error of a peer that went away, closed here or not (_broken, _send_failed)."""
         return PeerGone(text)
 
+    def _stall_s(self) -> float:
+        """The send stall timeout in force: this transport's, else the C++ send's default
+        (Python's sends then block without one, and never stall out)."""
+        return self._stall if self._stall is not None else DEFAULT_STALL_TIMEOUT_S
+
+    def _send_stalled(self) -> Exception:
+        """A send the peer stopped taking for the stall timeout: the transport closes."""
+        return self._broken(f"send to {self.peer} stalled for {self._stall_s():.0f} s")
+
     def _send_failed(self, text: str) -> Exception:
-        """A send the peer's end refused (EPIPE, ECONNRESET: it closed or went away). The
-        transport stays open for recv: what the peer sent before it left (a client's last
-        requests, its GOODBYE) is still in the socket, and recv reads it, then finds the end
-        of the stream. The sender is often another thread than the receiver (a server's
-        busy beat): closing here dropped those bytes. A stalled send closes (_broken)."""
+        """A send that failed other than by stalling: the peer's end refused it (EPIPE,
+        ECONNRESET: it closed or went away). The transport stays open for recv: what the
+        peer sent before it left (a client's last requests, its GOODBYE) is still in the
+        socket, and recv reads it, then finds the end of the stream. The sender is often
+        another thread than the receiver (a server's busy beat): closing here dropped
+        those bytes. Its owner closes it (a session that ends, a recovery)."""
         if self._closed:
             return TransportClosed(f"transport to {self.peer} was closed")
-        return PeerGone(text)
+        return self._gone(text)
 
     def _wait_readable(self, timeout: Optional[float]) -> None:
         if self._tail > self._head:

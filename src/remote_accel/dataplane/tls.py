@@ -161,13 +161,14 @@ class TlsTransport(TcpTransport):
         return (" (a server without TLS, or one that wants a client certificate: "
                 "REMOTE_ACCEL_TLS_CERT / REMOTE_ACCEL_TLS_KEY)")
 
-    def _broken(self, text: str) -> Exception:
+    def _gone(self, text: str) -> PeerGone:
         # TLS 1.3 lets a client finish its handshake before the server has checked the
-        # client's certificate: a refusal then shows up as a reset on the first exchange
+        # client's certificate: a refusal then shows up as a reset on the first exchange,
+        # a send's or a receive's
         if not self._server_side and not self._counters["rx_messages"]:
             text += (" (if the server wants a client certificate, this is its refusal: give one with "
                      "tls_cert=/tls_key= or REMOTE_ACCEL_TLS_CERT/REMOTE_ACCEL_TLS_KEY)")
-        return super()._broken(text)
+        return super()._gone(text)
 
     def _refuse_plaintext(self, deadline: float) -> None:
         """A plain-text client opens with our magic, not a TLS record: tell it, in its own
