@@ -181,20 +181,25 @@ def test_kill_during_large_uploads(server, connect):
         assert s.item() == (r * 2).sum().item()  # the replayed op equals the same op run afresh
 
 
+def _noting_recovery_bytes(seen: list, kill_at: int, server: ServerProcess):
+    """An on_step that notes recovery_bytes after each step into `seen`, and kills the
+    server (then starts it again) after step `kill_at`."""
+    def on_step(step):
+        seen.append(remote_accel.stats()["recovery_bytes"])
+        if step == kill_at:
+            server.kill()
+            server.restart()
+
+    return on_step
+
+
 def test_snapshots_keep_recovery_memory_bounded(server, connect, monkeypatch):
     limit = 512 << 10
     monkeypatch.setenv("REMOTE_ACCEL_RECOVERY_MEMORY", str(limit))
     expected = reference(connect, steps=40, fresh_batches=True)
     connect()
     seen = []
-
-    def kill(step):
-        seen.append(remote_accel.stats()["recovery_bytes"])
-        if step == 35:
-            server.kill()
-            server.restart()
-
-    got = train(kill, steps=40, fresh_batches=True)
+    got = train(_noting_recovery_bytes(seen, kill_at=35, server=server), steps=40, fresh_batches=True)
     assert same(got, expected)
     assert max(seen) <= limit
     # snapshots were taken (the journal alone would pass the limit): the journal restarts
@@ -235,14 +240,7 @@ def test_a_data_loader_s_batches_are_kept_only_while_they_outweigh_no_snapshot(s
         remote_accel.shutdown()
     connect()
     seen = []
-
-    def kill(step):
-        seen.append(remote_accel.stats()["recovery_bytes"])
-        if step == 50:
-            server.kill()
-            server.restart()
-
-    assert _loader_steps(60, kill) == expected
+    assert _loader_steps(60, _noting_recovery_bytes(seen, kill_at=50, server=server)) == expected
     stats = remote_accel.stats()
     assert stats["recoveries"] == 1 and stats["recovery_snapshots"] >= 3, stats
     # 60 batches are 15 MiB: the journal never held more than about a floor and a step
