@@ -179,3 +179,61 @@ def test_peer_killed_mid_transfer_is_peer_gone(memif_echo):
     assert time.monotonic() - started < 15
     # the port is still usable for a new server on the same socket later; this process is fine
     assert dpdk.port_stats(port)["rx_frames"] > 0
+
+
+
+# A peer that sends and then ends: it exits at once, as a script that ends without closing
+# does (its process's exit, the shim's shutdown, must still deliver what it sent), or it
+# is killed once our ack of its messages reached it (its port goes away with no GOODBYE).
+# Either way our next send finds it gone, and the messages stay readable.
+SENDER = """
+import sys, time
+from remote_accel.dataplane.connect import listen
+from remote_accel.dataplane.wire import MsgType
+sys.path.insert(0, sys.argv[1])
+from dpdk_helpers import pattern
+listener = listen("dpdk", port=None, eal_args=None)
+print("READY", listener.address, flush=True)
+t = listener.accept(60)
+for i in range(6):
+    t.send(MsgType.ECHO_REPLY, bytes([i]), [pattern(64 << 10, i)], req_id=i + 1)
+if sys.argv[2] == "killed":
+    t.recv(timeout=60)  # our ping: it carries our ack of all six
+    print("ACKED", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("end", ["exit", "killed"])
+def test_what_a_peer_sent_right_before_it_ended_is_read(eal, tmp_path, end):
+    env = dict(os.environ, REMOTE_ACCEL_RUNTIME_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", SENDER, os.path.dirname(__file__), end],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    port = None
+    try:
+        assert proc.stdout.readline().startswith("READY"), "the sending peer did not start"
+        port = memif_client_port(str(tmp_path / "memif.sock"))
+        t = dpdk.DpdkTransport.connect(port, timeout=30)
+        if end == "killed":
+            time.sleep(0.5)  # the six arrive
+            t.send(MsgType.PING, b"acks")
+            assert proc.stdout.readline().startswith("ACKED")
+            proc.kill()
+        proc.wait(60)
+        with pytest.raises(PeerGone):
+            for _ in range(3000):
+                t.send(MsgType.PING, b"beat")
+                time.sleep(0.01)
+        assert not t.closed
+        for i in range(6):
+            reply = t.recv(timeout=10)
+            assert (reply.type, reply.req_id, reply.meta) == (MsgType.ECHO_REPLY, i + 1, bytes([i]))
+            assert np.array_equal(np.frombuffer(reply.payloads[0], np.uint8), pattern(64 << 10, i))
+        with pytest.raises(PeerGone):
+            t.recv(timeout=10)
+        t.close()
+    finally:
+        stop(proc)
+        if port is not None:
+            dpdk.remove_vdev(port)

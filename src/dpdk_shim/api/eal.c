@@ -84,11 +84,50 @@ shim_mem_is_dpdk(const void *ptr)
 	return rte_mem_virt2memseg(ptr, NULL) != NULL;
 }
 
+/* At exit, what each connection still owes its peer (a client's last work and its
+ * GOODBYE, in frames not yet acknowledged) goes out before the ports close, as a TCP
+ * socket's kernel keeps sending after the process is gone: without this a script that
+ * ended right after queuing work lost its tail and its GOODBYE over memif. Connections
+ * the application did not close close here. A live peer acknowledges within
+ * milliseconds; one that has not within EXIT_LINGER_NS is taken for gone, and each
+ * connection's own linger may end its wait sooner. This thread polls every port no
+ * application thread polls (the engine naps up to 16 ms when idle). */
+#define EXIT_LINGER_NS 2000000000ull
+
+static void
+finish_lingering(void)
+{
+	uint64_t deadline = rte_rdtsc() + ns_to_tsc(EXIT_LINGER_NS);
+
+	for (;;) {
+		bool lingering = false;
+		int work = 0;
+
+		for (int i = 0; i < SHIM_MAX_PORTS; i++) {
+			struct shim_port *p = &port_table[i];
+
+			if (!p->ready || p->raw)
+				continue;
+			pthread_mutex_lock(&p->lock);
+			chan_port_close_all(p, rte_rdtsc(), EXIT_LINGER_NS);
+			if (atomic_load(&p->app_waiters) == 0)
+				work += chan_port_poll(p);
+			lingering |= chan_port_lingering(p, rte_rdtsc());
+			pthread_mutex_unlock(&p->lock);
+		}
+		if (!lingering || rte_rdtsc() > deadline)
+			return;
+		nap(work ? 20000 : 200000);
+	}
+}
+
 void
 shim_shutdown(void)
 {
 	uint64_t deadline;
 
+	if (eal_initialized())
+		finish_lingering();
 	atomic_store(&shutting_down, true);
 	engine_stop();
 	if (!eal_initialized())

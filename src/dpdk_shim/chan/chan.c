@@ -294,6 +294,29 @@ chan_port_down(struct shim_port *p, const char *why)
 }
 
 void
+chan_port_close_all(struct shim_port *p, uint64_t now, uint64_t linger_ns)
+{
+	for (int k = p->n_conns - 1; k >= 0; k--) {  /* a close may detach it */
+		struct shim_conn *c = p->conns[k];
+
+		if (c->state == CS_OPEN && !c->closed_local)
+			conn_begin_close(c, now, linger_ns);
+	}
+}
+
+bool
+chan_port_lingering(struct shim_port *p, uint64_t now)
+{
+	for (int k = 0; k < p->n_conns; k++) {
+		struct shim_conn *c = p->conns[k];
+
+		if (c->state == CS_OPEN && c->closed_local && now <= c->linger_deadline)
+			return true;
+	}
+	return false;
+}
+
+void
 chan_port_goodbye(struct shim_port *p)
 {
 	for (int k = p->n_conns - 1; k >= 0; k--) {

@@ -175,6 +175,12 @@ void conn_begin_close(struct shim_conn *c, uint64_t now, uint64_t linger_ns);
 int chan_port_poll(struct shim_port *p);  /* frames handled */
 void chan_port_down(struct shim_port *p, const char *why);
 void chan_port_goodbye(struct shim_port *p);  /* shutdown: GOODBYE on every open connection */
+/* A connection closed with a linger still owes its peer unacknowledged frames, and its
+ * linger has not ended: the shutdown lets it finish first (now: tsc). Port lock held. */
+bool chan_port_lingering(struct shim_port *p, uint64_t now);
+/* The process exits: its open connections close as its sockets would, each lingering
+ * up to linger_ns for what the peer has not acknowledged yet. Port lock held. */
+void chan_port_close_all(struct shim_port *p, uint64_t now, uint64_t linger_ns);
 
 /* connect.c: making connections (no lock held: each takes it) */
 /* Wait (sleeping, not polling) for the port's link from now until deadline (tsc); a

@@ -78,6 +78,14 @@ class ChannelOptions:
         return o
 
 
+def _free_conn(conn, linger_ns: int) -> None:
+    """A transport collected or alive at exit without close(): it closes as a socket would,
+    still sending what the peer has not acknowledged for the linger (shim_conn_free
+    alone closes with none, and a script's last messages were lost at exit)."""
+    lib.shim_conn_close(conn, linger_ns)
+    lib.shim_conn_free(conn)
+
+
 def _header(type_, flags, n_payloads, req_id, meta_len, payload_total, crc) -> wire.Header:
     """wire.Header(...) at half the cost: a frozen dataclass's __init__ goes through
     object.__setattr__ per field; setting __dict__ at once makes the same object."""
@@ -111,7 +119,7 @@ class DpdkTransport(Transport):
         self._max_meta, self._max_payloads = limits.max_meta, limits.max_payloads
         self._max_total = limits.max_payload_total
         self._wire = _wire_limits(limits)
-        self._finalizer = weakref.finalize(self, lib.shim_conn_free, conn)
+        self._finalizer = weakref.finalize(self, _free_conn, conn, int(options.linger * 1e9))
         info = ffi.new("struct shim_conn_info *")
         lib.shim_conn_info(conn, info)
         mac = ":".join(f"{b:02x}" for b in bytes(ffi.buffer(info.peer_mac, 6)))
@@ -185,11 +193,12 @@ class DpdkTransport(Transport):
             reason = ffi.new("char[]", 200)
             lib.shim_conn_reason(self._c, reason, 200)
             text = ffi.string(reason).decode() or os.strerror(err)
-            # A send the peer's end refused (it closed, or reset): the messages it sent
-            # before are still in this connection's receive ring, and recv reads them
-            # first (a server's busy beat must not drop a client's last work and GOODBYE;
-            # see TcpTransport._send_failed). Anything else closes.
-            if not (op == "send" and err in (errno.EPIPE, errno.ECONNRESET)):
+            # A send that found the peer gone (it closed, reset, or its port went away
+            # after its last frames came): the messages it sent before are still in this
+            # connection's receive ring, and recv reads them first (a server's busy beat
+            # must not drop a client's last work and GOODBYE; see
+            # TcpTransport._send_failed). A stalled send, or a failed recv, closes.
+            if not (op == "send" and err != errno.ETIMEDOUT):
                 self.close()
             return PeerGone(f"{self.peer}: {text}")
         try:

@@ -56,9 +56,9 @@ class Transport(abc.ABC):
 
         Raises: MessageTooLarge (limits; nothing was sent), TransportClosed (closed here),
         PeerGone (the peer closed, died or stopped acknowledging within the timeout). A peer
-        that closed or reset leaves the transport open: recv still returns the messages it
-        sent before (a client's last work, its GOODBYE), then raises PeerGone; a send that
-        stalled closes it.
+        that closed, reset or whose link went down leaves the transport open: recv still
+        returns the messages it sent before (a client's last work, its GOODBYE), then raises
+        PeerGone; a send that stalled closes it.
         """
 
     @abc.abstractmethod
