@@ -174,9 +174,15 @@ class Session:
             self._post_after_batch((m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0))
             return
         if view.nbytes >= LARGE_WRITE:
+            # the queued batch (its destination's allocation, as a fresh tensor's .to() has)
+            # and the write leave together from this thread, in one transport call: posting
+            # the batch to the sender thread and then waiting for it to be gone cost two
+            # thread switches, 50-150 us of a 256 KiB upload's 190 on two cores
             with self._lock:
-                self.flush()
-                self._send(m.WriteStorage(sid, offset, view.nbytes), [view])
+                self._collect()
+                batch = self._take_batch()
+                write = (m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0)
+                self._send_many([batch, write] if batch is not None else [write])
         else:
             self._queue(m.WriteStorage(sid, offset, view.nbytes), bytes(view))
 
