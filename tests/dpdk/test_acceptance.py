@@ -6,6 +6,7 @@
   over TCP, for comparison);
 - two local clients with default EAL arguments served at once by one default server;
 - killing the peer in the middle of a bulk transfer is a PeerGone, not a crash or hang.
+- what a peer sent right before it exited or was killed is still read, then PeerGone.
 """
 
 from __future__ import annotations
