@@ -25,10 +25,9 @@ from . import handles, runtime
 
 _C = handles._C
 
-#: downloads this large first fault their destination in, on huge pages where THP allows
+#: downloads this large first fault their destination in
 PREFAULT_MIN = 4 << 20
-_HUGE = 2 << 20
-_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
+_MADV_POPULATE_WRITE = 23
 #: a direct copy's two halves leave together: each server holds its later requests until
 #: its half is done, so copies issued from two threads (autograd's device threads) in
 #: opposite directions, interleaved as "B: receive x, A: receive y, A: send x, B: send y",
@@ -44,16 +43,14 @@ def _prefault(t: torch.Tensor, nbytes: int) -> None:
 
     A new large tensor is untouched mmap'd memory: receiving into it takes a page fault
     every 4 KiB (the kernel zeroing each page) in the middle of the receive loop, which
-    makes it 4-5x slower than receiving into touched memory. Asking for huge pages and
-    populating the range in one call costs 512x fewer faults. Both are hints: on memory
-    already touched, or a kernel without them, they do nothing."""
+    makes it 4-5x slower than receiving into touched memory. Populating the range in one
+    call does the faults in the kernel at once. Not on huge pages (MADV_HUGEPAGE): a
+    fault there may stall on compaction for 0.6 s (dataplane/host_pages.h). A hint: on
+    memory already touched, or a kernel without it, it does nothing."""
     if _madvise is None or nbytes < PREFAULT_MIN:
         return
     start = t.data_ptr()
     end = start + nbytes
-    lo, hi = -(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE
-    if hi > lo:
-        _madvise(lo, hi - lo, _MADV_HUGEPAGE)
     lo, hi = -(-start // 4096) * 4096, end // 4096 * 4096
     if hi > lo:
         _madvise(lo, hi - lo, _MADV_POPULATE_WRITE)
