@@ -182,7 +182,6 @@ def test_peer_killed_mid_transfer_is_peer_gone(memif_echo):
     assert dpdk.port_stats(port)["rx_frames"] > 0
 
 
-
 # A peer that sends and then ends: it exits at once, as a script that ends without closing
 # does (its process's exit, the shim's shutdown, must still deliver what it sent), or it
 # is killed once our ack of its messages reached it (its port goes away with no GOODBYE).

@@ -119,7 +119,8 @@ class DpdkTransport(Transport):
         self._max_meta, self._max_payloads = limits.max_meta, limits.max_payloads
         self._max_total = limits.max_payload_total
         self._wire = _wire_limits(limits)
-        self._finalizer = weakref.finalize(self, _free_conn, conn, int(options.linger * 1e9))
+        self._linger_ns = int(options.linger * 1e9)
+        self._finalizer = weakref.finalize(self, _free_conn, conn, self._linger_ns)
         info = ffi.new("struct shim_conn_info *")
         lib.shim_conn_info(conn, info)
         mac = ":".join(f"{b:02x}" for b in bytes(ffi.buffer(info.peer_mac, 6)))
@@ -172,7 +173,7 @@ class DpdkTransport(Transport):
             if self._closed:
                 return
             self._closed = True
-        lib.shim_conn_close(self._c, int(self._options.linger * 1e9))
+        lib.shim_conn_close(self._c, self._linger_ns)
         pair = getattr(self, "_pair", None)
         if pair is not None:
             pair.end_closed()
@@ -198,7 +199,7 @@ class DpdkTransport(Transport):
             # connection's receive ring, and recv reads them first (a server's busy beat
             # must not drop a client's last work and GOODBYE; see
             # TcpTransport._send_failed). A stalled send, or a failed recv, closes.
-            if not (op == "send" and err != errno.ETIMEDOUT):
+            if op != "send" or err == errno.ETIMEDOUT:
                 self.close()
             return PeerGone(f"{self.peer}: {text}")
         try:

@@ -180,9 +180,8 @@ class Session:
             # thread switches, 50-150 us of a 256 KiB upload's 190 on two cores
             with self._lock:
                 self._collect()
-                batch = self._take_batch()
                 write = (m.WriteStorage.TYPE, m.encode(m.WriteStorage(sid, offset, view.nbytes)), [view], 0)
-                self._send_many([batch, write] if batch is not None else [write])
+                self._send_many(self._batch_then(write))
         else:
             self._queue(m.WriteStorage(sid, offset, view.nbytes), bytes(view))
 
@@ -236,6 +235,12 @@ class Session:
         self._batch, self._batch_items, self._payloads, self._payload_bytes = bytearray(), 0, [], 0
         self.counters["batches"] += 1
         return (m.Batch.TYPE, meta, payloads, 0)
+
+    def _batch_then(self, message: tuple) -> list:
+        """The queued requests as a Batch (taken), then `message`: what leaves in one
+        transport call when a message must follow everything queued before it."""
+        batch = self._take_batch()
+        return [batch, message] if batch is not None else [message]
 
     def _collect(self) -> None:
         """Move what the C++ queue holds (the freed ids included) into the batch."""
@@ -343,8 +348,7 @@ class Session:
             self._check_alive()
             self._collect()
             small = self._payload_bytes <= SEND_HERE_BYTES
-            batch = self._take_batch()
-            messages = [batch, message] if batch is not None else [message]
+            messages = self._batch_then(message)
             if small and self._sender is not None:
                 with self._outbox_cv:
                     small = not self._outbox and not self._sending
@@ -623,9 +627,8 @@ class Session:
             with interrupts.deferred() as sigint:
                 req_id = next(self._req_ids) & 0xFFFFFFFF or next(self._req_ids)  # 0: unsolicited
                 self._collect()
-                batch = self._take_batch()
                 request = (msg_type, meta, (), req_id)
-                self._send_many([batch, request] if batch is not None else [request], defer=False)
+                self._send_many(self._batch_then(request), defer=False)
                 self.counters["round_trips"] += 1
                 while True:
                     reply = self._wait(request, sink, deadline, sigint)
