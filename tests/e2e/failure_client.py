@@ -31,12 +31,12 @@ def long_work(a: torch.Tensor, seconds: float) -> torch.Tensor:
 
 def busy(a, timeout: float) -> None:
     """A sync that waits several times `timeout` for real work succeeds."""
-    y = long_work(a, 6 * timeout)
+    y = long_work(a, 3 * timeout)
     start = time.monotonic()
     value = y.sum().item()
     say("waited", time.monotonic() - start, value == value)  # a number, not NaN
     try:
-        y = long_work(a, 4 * timeout)
+        y = long_work(a, 2 * timeout)
         torch.remote_accel.synchronize(timeout=timeout / 2)
     except remote_accel.RemoteAccelError as exc:
         say("deadline", type(exc).__name__)
@@ -58,7 +58,7 @@ def frozen(a, timeout: float) -> None:
 def interrupted(a, timeout: float) -> None:
     """Ctrl-C during syncs, between errors of queued ops: every later reply is the right one."""
     x = torch.arange(4.0, device="remote_accel")
-    y = long_work(a, 8)
+    y = long_work(a, 4)
     bad = x[torch.tensor([0, 10]).to("remote_accel")]  # fails on the server, reported at a sync
     for what in ("sync", "read"):
         say("waiting", what, time.monotonic())
@@ -76,7 +76,7 @@ def interrupted(a, timeout: float) -> None:
                 say("late-error none")
             except remote_accel.RemoteAccelError as exc:
                 say("late-error", "bounds" in str(exc))
-            y = long_work(a, 8)
+            y = long_work(a, 4)
     del bad
     z = torch.full((3,), 7.0, device="remote_accel")
     say("next", (z * 2).cpu().tolist(), x.cpu().tolist())
@@ -88,7 +88,7 @@ def stale(a, timeout: float) -> None:
     """Ctrl-C during `.item()`, then errors between scalar reads and synchronize()s: every
     value read is the one asked for, every error surfaces once at the next sync point."""
     x = torch.arange(4.0, device="remote_accel")
-    y = long_work(a, 8)
+    y = long_work(a, 4)
     say("waiting", time.monotonic())
     try:
         y.sum().item()

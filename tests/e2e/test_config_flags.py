@@ -21,6 +21,8 @@ from remote_accel.errors import ConfigError, RemoteAccelError
 from remote_accel.pytorch_ext import runtime
 from remote_accel.server.testing import make_ca, make_leaf, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 MIB = 1 << 20
 
 

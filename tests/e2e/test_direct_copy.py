@@ -27,6 +27,8 @@ from remote_accel.server import peer
 from remote_accel.server.peer import PeerCopies
 from remote_accel.server.testing import ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 MIB = 1 << 20
 
 

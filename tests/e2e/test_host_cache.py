@@ -10,6 +10,8 @@ import gc
 import pytest
 import torch
 
+pytestmark = pytest.mark.any_torch
+
 
 MIB = 1 << 20
 

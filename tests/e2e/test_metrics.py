@@ -6,11 +6,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 import torch.nn as nn
 
 import remote_accel
 from remote_accel.server.testing import scrape
+
+pytestmark = pytest.mark.any_torch
 
 STEPS = 6
 

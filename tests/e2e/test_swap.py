@@ -18,6 +18,8 @@ import torch
 
 from remote_accel.server.testing import ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 CLIENT = os.path.join(os.path.dirname(__file__), "swap_client.py")
 MB = 1 << 20
 

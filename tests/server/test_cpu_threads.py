@@ -9,6 +9,8 @@ import remote_accel
 from remote_accel.server import cpu_threads
 from remote_accel.server.testing import ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 
 def test_the_flag_wins_then_the_environment_then_torchs_default():
     assert cpu_threads.choose(3, {"OMP_NUM_THREADS": "5"}) == (3, "--threads")

@@ -15,7 +15,7 @@ import torch
 
 from remote_accel.server.testing import Client, ServerProcess
 
-pytestmark = pytest.mark.dpdk
+pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch]
 
 try:
     from remote_accel.dataplane import dpdk  # noqa: F401

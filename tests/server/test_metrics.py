@@ -17,6 +17,8 @@ from remote_accel.errors import RemoteOpError
 from remote_accel.server.__main__ import build_parser, parse_metrics
 from remote_accel.server.testing import Client, ServerProcess, encode_arg, scrape
 
+pytestmark = pytest.mark.any_torch
+
 OPS_PER_BATCH = 4
 BATCHES = 3
 N = 256  # floats per tensor

@@ -14,7 +14,7 @@ import pytest
 
 from remote_accel.server.testing import ServerProcess, scrape
 
-pytestmark = pytest.mark.dpdk
+pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch]
 
 try:
     from remote_accel.dataplane import dpdk  # noqa: F401

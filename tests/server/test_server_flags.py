@@ -17,6 +17,8 @@ import pytest
 import remote_accel
 from remote_accel.server.testing import Client, ServerProcess
 
+pytestmark = pytest.mark.any_torch
+
 MIB = 1 << 20
 STORAGE = 64 * MIB  # beyond glibc's largest mmap threshold (32 MiB): without the cache, free() unmaps it
 

@@ -21,6 +21,8 @@ from remote_accel.errors import (AuthError, ProtocolError, RemoteAccelError, Rem
                                  TransportError)
 from remote_accel.server.testing import Client, ServerProcess, encode_arg
 
+pytestmark = pytest.mark.any_torch
+
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ import pytest
 
 from remote_accel.server.testing import ServerProcess
 
-pytestmark = pytest.mark.dpdk
+pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch]
 
 try:
     from remote_accel.dataplane import dpdk  # noqa: F401
