@@ -241,6 +241,53 @@ def test_a_copy_whose_source_died_fails_soon_naming_it():
             remote_accel.shutdown()
 
 
+# A client that queues ~SOURCE_WORK_S of work on server 0, then a copy 0 -> 1 behind it,
+# and waits for the copy's result: server 1 waits for the copy while server 0 works.
+LEAVER = textwrap.dedent("""
+    import sys, time, torch, remote_accel
+    a, b, token_a, token_b, seconds = sys.argv[1:6]
+    remote_accel.init(transport="tcp", servers=[a, b], tokens=[token_a, token_b], timeout=60.0, recovery=False)
+    w = torch.randn(512, 512).to("remote_accel:0")
+    start = time.monotonic()
+    ((w @ w) @ w @ w).sum().item()
+    one = max((time.monotonic() - start) / 3, 1e-3)
+    y = w
+    for _ in range(int(float(seconds) / one) + 1):
+        y = (y @ w) * 1e-3
+    copy = y.to("remote_accel:1")
+    print("waiting", flush=True)
+    copy.cpu()
+""")
+SOURCE_WORK_S = 20.0
+
+
+def test_a_client_that_leaves_during_a_copy_ends_the_destination_s_wait():
+    """The client is killed while the destination waits for a copy that its source, busy
+    with the client's earlier work, has not sent yet: the destination's session ends within
+    seconds (its heartbeat to the client fails), not when the source comes to the copy."""
+    with ServerProcess("--threads", "1", token="token-a") as a, ServerProcess(token="token-b") as b:
+        client = subprocess.Popen([sys.executable, "-c", LEAVER, "%s:%d" % a.tcp, "%s:%d" % b.tcp, a.token, b.token,
+                                   str(SOURCE_WORK_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout.readline().strip() == "waiting", client.stderr.read()
+            time.sleep(1.0)  # the destination's session is in its wait for the copy
+            client.kill()
+            client.wait()
+            killed = time.monotonic()
+            while "client disconnected" not in b.log() and time.monotonic() - killed < SOURCE_WORK_S:
+                time.sleep(0.1)
+            left = time.monotonic() - killed
+            assert "client disconnected" in b.log(), b.log()
+            # beats every 0.5 s; the source still works for the gone client (its session
+            # ends after its batch), so the copy had not come
+            assert left < 5.0 and "client disconnected" not in a.log(), (left, b.log(), a.log())
+            assert a.alive() and b.alive()
+            a.kill()  # stopped, it would first finish the gone client's work
+        finally:
+            client.kill()
+            client.wait()
+
+
 # -- TLS servers -------------------------------------------------------------------------------------
 def _tls_pair(a, b, pki):
     remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
