@@ -244,16 +244,12 @@ def test_a_copy_whose_source_died_fails_soon_naming_it():
 # A client that queues ~SOURCE_WORK_S of work on server 0, then a copy 0 -> 1 behind it,
 # and waits for the copy's result: server 1 waits for the copy while server 0 works.
 LEAVER = textwrap.dedent("""
-    import sys, time, torch, remote_accel
-    a, b, token_a, token_b, seconds = sys.argv[1:6]
+    import sys, torch, remote_accel
+    a, b, token_a, token_b, seconds, here = sys.argv[1:7]
+    sys.path.insert(0, here)
+    from failure_client import long_work
     remote_accel.init(transport="tcp", servers=[a, b], tokens=[token_a, token_b], timeout=60.0, recovery=False)
-    w = torch.randn(512, 512).to("remote_accel:0")
-    start = time.monotonic()
-    ((w @ w) @ w @ w).sum().item()
-    one = max((time.monotonic() - start) / 3, 1e-3)
-    y = w
-    for _ in range(int(float(seconds) / one) + 1):
-        y = (y @ w) * 1e-3
+    y = long_work(torch.randn(512, 512).to("remote_accel:0"), float(seconds))
     copy = y.to("remote_accel:1")
     print("waiting", flush=True)
     copy.cpu()
@@ -267,7 +263,7 @@ def test_a_client_that_leaves_during_a_copy_ends_the_destination_s_wait():
     seconds (its heartbeat to the client fails), not when the source comes to the copy."""
     with ServerProcess("--threads", "1", token="token-a") as a, ServerProcess(token="token-b") as b:
         client = subprocess.Popen([sys.executable, "-c", LEAVER, "%s:%d" % a.tcp, "%s:%d" % b.tcp, a.token, b.token,
-                                   str(SOURCE_WORK_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   str(SOURCE_WORK_S), os.path.dirname(__file__)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert client.stdout.readline().strip() == "waiting", client.stderr.read()
             time.sleep(1.0)  # the destination's session is in its wait for the copy
