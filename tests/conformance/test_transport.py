@@ -166,17 +166,19 @@ def test_peer_close(peer):
 
 def test_what_a_closed_peer_sent_is_read_after_a_send_to_it_failed(peer):
     """A server's busy beat that meets a client already gone must not drop what the client
-    sent before it left: the failed send leaves the transport readable, recv returns the
-    peer's last messages in order, then raises PeerGone."""
+    sent before it left: the failed send leaves the transport readable (and says the peer
+    is gone), recv returns the peer's last messages in order, then raises PeerGone."""
     for i in range(3):
         peer.transport.send(MsgType.ECHO, bytes([i]), [pattern(1000, i)], req_id=i + 1)
     peer.transport.send(MsgType.GOODBYE)  # the echo peer closes after its three replies
+    assert not peer.transport.peer_gone
     deadline = time.monotonic() + peer.dead_peer_timeout_s + 10
     with pytest.raises(PeerGone):
         while time.monotonic() < deadline:
             peer.transport.send(MsgType.PING, b"beat")
             time.sleep(0.01)
     assert not peer.transport.closed
+    assert peer.transport.peer_gone  # what a wait on something else than this peer asks
     for i in range(3):
         reply = peer.transport.recv(timeout=RECV_TIMEOUT_S)
         assert (reply.type, reply.req_id, reply.meta) == (MsgType.ECHO_REPLY, i + 1, bytes([i]))

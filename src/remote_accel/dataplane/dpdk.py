@@ -201,6 +201,8 @@ class DpdkTransport(Transport):
             # TcpTransport._send_failed). A stalled send, or a failed recv, closes.
             if op != "send" or err == errno.ETIMEDOUT:
                 self.close()
+            else:
+                self._peer_gone = True
             return PeerGone(f"{self.peer}: {text}")
         try:
             _check(rc, op, self._port)

@@ -293,6 +293,7 @@ class TcpTransport(Transport):
         those bytes. Its owner closes it (a session that ends, a recovery)."""
         if self._closed:
             return TransportClosed(f"transport to {self.peer} was closed")
+        self._peer_gone = True
         return self._gone(text)
 
     def _wait_readable(self, timeout: Optional[float]) -> None:

@@ -48,6 +48,8 @@ class Transport(abc.ABC):
 
     #: human-readable peer address, for logs ("tcp:127.0.0.1:40000", "memif:/run/..:0")
     peer: str = "?"
+    #: set by a send the peer refused (see `peer_gone`)
+    _peer_gone: bool = False
 
     @abc.abstractmethod
     def send(self, msg_type: int, meta: bytes = b"", payloads: Sequence = (), *, req_id: int = 0, flags: int = 0) -> None:
@@ -96,6 +98,14 @@ class Transport(abc.ABC):
     @property
     @abc.abstractmethod
     def closed(self) -> bool: ...
+
+    @property
+    def peer_gone(self) -> bool:
+        """True once a send found the peer gone (it closed, reset or went away; not a
+        stall). Such a send leaves the transport open, so that recv still returns what the
+        peer sent before it left; a thread that waits on something other than this peer
+        (a server's copy from another server for this client) asks this, not `closed`."""
+        return self._peer_gone
 
     def stats(self) -> dict:
         """Counters since creation: messages/bytes sent and received, drops, retransmits."""

@@ -37,10 +37,6 @@ class Heartbeat:
         #: sends one PONG; a session whose C++ loop also sends replaces it (serialised with it)
         self.send_pong = lambda: transport.send(m.Pong.TYPE, _PONG)
         self.last_send = time.monotonic()  # updated by the session after each reply
-        #: a beat the transport refused: the client is gone. The transport stays open (what
-        #: the client sent before it left is still read), so a wait on something else than
-        #: the client (a copy from another server) asks this instead.
-        self.peer_gone = False
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -57,7 +53,6 @@ class Heartbeat:
             if (self.busy or self.native_busy()) and time.monotonic() - self.last_send >= self.interval:
                 try:
                     self.send_pong()
-                except TransportError:
-                    self.peer_gone = True
+                except TransportError:  # the client is gone (the transport says so: peer_gone)
                     return
                 self.last_send = time.monotonic()

@@ -342,7 +342,7 @@ def on_receive(session, request: m.PeerReceive) -> None:
         deadline = started + PEER_TIMEOUT_S
         probe = _SourceProbe(request.source, started)
         while not slot.done.wait(_POLL_S):
-            if server.stopping or session.transport.closed or session.heartbeat.peer_gone:
+            if server.stopping or session.transport.closed or session.transport.peer_gone:
                 raise Failure("op", "server shutting down (or the client left) during a copy from another server")
             if slot.claimed is None:
                 if time.monotonic() > deadline:
