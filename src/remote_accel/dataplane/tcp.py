@@ -395,7 +395,7 @@ class TcpTransport(Transport):
                 continue
             need = total - got
             if need >= _READ_AHEAD // 2:
-                n = self._sock.recv_into(view[got : got + _RECV_CHUNK])
+                n = self._read_direct(view[got : got + _RECV_CHUNK])
                 got += n
             else:
                 self._head = 0
@@ -403,6 +403,10 @@ class TcpTransport(Transport):
             if n == 0:
                 where = "" if first and got == 0 else " mid-message"
                 raise OSError(errno.ECONNRESET, f"connection closed by peer{where}")
+
+    def _read_direct(self, view: memoryview) -> int:
+        """Read a large need straight into `view` (the socket's timeout bounds the wait)."""
+        return self._sock.recv_into(view)
 
     def _read_some(self, buffer) -> int:
         """What the socket holds, up to len(buffer); waits only if it holds nothing.

@@ -95,7 +95,6 @@ class TlsTransport(TcpTransport):
         self._hostname = server_hostname
         self._io = threading.Lock()  # every call into the SSL object
         self._ready = False
-        self._ahead = memoryview(b"")  # bytes read while waiting for a message to start
         sock.setblocking(False)
 
     @classmethod
@@ -229,18 +228,20 @@ class TlsTransport(TcpTransport):
 
     def _wait_readable(self, timeout: Optional[float]) -> None:
         """Wait for the first bytes of a message: raw readability is not enough (a TLS
-        record may hold no application data, e.g. a session ticket), so read them here."""
-        if self._ahead.nbytes:
-            return  # a message's start was read ahead already
+        record may hold no application data, e.g. a session ticket), so read them here,
+        into the read-ahead buffer as TcpTransport does: one read takes a whole record (a
+        small message, often the next ones too) instead of a header, then its rest."""
+        if self._tail > self._head:
+            return  # a message (or its start) was read ahead already
         deadline = None if timeout is None else time.monotonic() + timeout
         started = time.monotonic_ns()
         poll_until = self._poll_until(started, timeout) if self._ready else 0
         try:
-            self._handshake(deadline if deadline is not None else time.monotonic() + self._stall)
-            while not self._ahead.nbytes:
-                n = self._read_some(memoryview(bytearray(wire.HEADER_SIZE)), deadline, "a message", poll_until)
-                if n == 0:
-                    raise OSError(errno.ECONNRESET, "connection closed by peer")
+            self._handshake(deadline if deadline is not None else time.monotonic() + self._stall_s())
+            n = self._tls_read(memoryview(self._ahead), deadline, "a message", poll_until)
+            self._head, self._tail = 0, n
+            if n == 0:
+                raise OSError(errno.ECONNRESET, "connection closed by peer")
         except RemoteAccelError:
             raise
         except (socket.timeout, TimeoutError):
@@ -252,10 +253,10 @@ class TlsTransport(TcpTransport):
             raise self._broken(f"receive from {self.peer} failed: {exc.strerror or exc}") from exc
         self._waited(started if poll_until else 0, polled=poll_until > 0 and time.monotonic_ns() <= poll_until)
 
-    def _read_some(self, view: memoryview, deadline: Optional[float], what: str, poll_until: int = 0,
-                   keep: bool = True) -> int:
-        """Read what there is into `view`, waiting until `deadline` for something; until
-        `poll_until` (monotonic ns) the wait polls (see TcpTransport._wait_readable)."""
+    def _tls_read(self, view: memoryview, deadline: Optional[float], what: str, poll_until: int = 0) -> int:
+        """Read what there is into `view` (0: the peer's end), waiting until `deadline` for
+        something; until `poll_until` (monotonic ns) the wait polls (see
+        TcpTransport._wait_readable)."""
         while True:
             with self._io:
                 try:
@@ -267,8 +268,6 @@ class TlsTransport(TcpTransport):
             if self._closed:  # closed meanwhile: SSLSocket.shutdown drops the SSL object before the
                 raise OSError(errno.EBADF, "closed")  # socket's, a read in between returns raw records
             if n is not None:
-                if keep and n:
-                    self._ahead = view[:n]
                 return n
             if read and poll_until and time.monotonic_ns() < poll_until:  # closed: the next read says so
                 if self._yield_core():  # outside the lock: a sender goes on meanwhile
@@ -276,17 +275,11 @@ class TlsTransport(TcpTransport):
                 poll_until = 0  # the yield lost the core: block from now on
             self._wait(read, not read, deadline, what)
 
-    def _recv_exact(self, view: memoryview, first: bool = False) -> None:
-        got, total = 0, view.nbytes
-        if self._ahead.nbytes:
-            got = min(total, self._ahead.nbytes)
-            view[:got] = self._ahead[:got]
-            self._ahead = self._ahead[got:]
-        while got < total:
-            n = self._read_some(view[got:], time.monotonic() + self._stall, "a message", keep=False)
-            if n == 0:
-                raise OSError(errno.ECONNRESET, "connection closed by peer mid-message")
-            got += n
+    # TcpTransport._recv_exact's reads: the rest of a message, within the stall timeout
+    def _read_some(self, buffer) -> int:
+        return self._tls_read(memoryview(buffer), time.monotonic() + self._stall_s(), "a message")
+
+    _read_direct = _read_some
 
 
 def _coalesced(pieces: list) -> list:
