@@ -1,10 +1,11 @@
 """Cost of the remote_accel device against local CPU, measured side by side in one run.
 
-    python benchmarks/bench_device.py [--transport tcp|dpdk|both] [--steps N] [--server-threads N]
+    python benchmarks/bench_device.py [--transport tcp|dpdk|tls|both] [--steps N] [--server-threads N]
                                       [--chain-ops N] [--idle-matmuls N]
 
 Starts a server (on CPU, or on $REMOTE_ACCEL_TEST_DEVICE) per transport (each in a
-process of its own with `both`, the default) and reports: the tiny-op chain (40,000
+process of its own with `both`, the default: TCP and DPDK; `tls`: TCP with TLS, a
+certificate made for the run by the openssl CLI) and reports: the tiny-op chain (40,000
 in-place ops `x.mul_(1.0001).add_(-0.0001)` on 16 floats, then `.item()`) in ops per
 second remote and local, and the same for 40,000 out-of-place ops `y = x + 1.0` (each
 allocates its result and frees the last), every remote run checked end to end (the server
@@ -38,6 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Optional
 
@@ -46,7 +48,7 @@ import torch.nn as nn
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
-from remote_accel.server.testing import ServerProcess
+from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
 from timing import (  # noqa: E402  (this folder, beside the script)
     add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
 
@@ -182,13 +184,20 @@ def _transformer_step_fn(device):
 
 def measure(transport_name: str, steps: int, sync_only: bool = False, server_threads: int = 0) -> dict:
     # the server always serves TCP too: its address is how the fixture knows it is up
-    transport = "tcp" if transport_name == "tcp" else "tcp,dpdk"
+    transport = "tcp,dpdk" if transport_name == "dpdk" else "tcp"
     threads = server_thread_options(server_threads)
-    with ServerProcess("--transport", transport, *threads) as server:
+    tls_dir = tempfile.TemporaryDirectory(prefix="bench-device-tls-")
+    tls_server, tls_client = (), {}
+    if transport_name == "tls":
+        ca = make_ca(tls_dir.name, "ca")
+        cert, key = make_leaf(tls_dir.name, "server", "ca", "IP:127.0.0.1")
+        tls_server, tls_client = ("--tls-cert", cert, "--tls-key", key), {"tls_ca": ca}
+    with tls_dir, ServerProcess("--transport", transport, *threads, *tls_server) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
         unconnected = sync_points.idle_matmuls()
-        remote_accel.init(transport=transport_name, server=f"{host}:{port}", token=server.token)
+        remote_accel.init(transport="dpdk" if transport_name == "dpdk" else "tcp", server=f"{host}:{port}",
+                          token=server.token, **tls_client)
         time.sleep(0.5)  # idle: the poll threads back off as they would between a user's steps
         connected = sync_points.idle_matmuls()
         idle_cpu = sync_points.idle_cpu()
@@ -336,7 +345,7 @@ def _cell(fmt, result: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--transport", choices=("tcp", "dpdk", "both"), default="both")
+    parser.add_argument("--transport", choices=("tcp", "dpdk", "tls", "both"), default="both")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", action="store_true", help="one JSON object per transport, for machines")
     parser.add_argument("--sync-only", action="store_true",

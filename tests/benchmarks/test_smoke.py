@@ -251,6 +251,14 @@ def test_device_sync_points_both_transports(need_dpdk):
     assert lines[-1] == "idle client: connected (idle) / before init() in the same process", lines
 
 
+def test_device_sync_points_over_tls():
+    """--transport tls: a server with a certificate made for the run, the client checking it."""
+    lines = run_bench("bench_device.py", "--transport", "tls", "--steps", "1", "--sync-only", "--idle-matmuls", "10")
+    assert lines[1].split() == ["tls"], lines
+    for label in ("synchronize() with nothing queued (us)", "x.sum().item() (us)", "x.cpu(), 16 floats (us)"):
+        assert len(numbers(row(lines, label))) == 1, (label, lines)
+
+
 def test_compile_rows():
     """Local eager and Inductor against the remote compiled model with its graphs replayed
     by the server (REMOTE_ACCEL_COMPILE_GRAPHS=0): of the remote runs, the one with no

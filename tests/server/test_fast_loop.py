@@ -1,5 +1,5 @@
-"""The session's receive loop in C++ (server/csrc/fast_loop.h), over DPDK (memif) and over
-TCP (tcp_link.h): a real client, the same results with the loop and without it
+"""The session's receive loop in C++ (server/csrc/fast_loop.h), over DPDK (memif), over
+TCP (tcp_link.h) and over TLS (tls_link.h): a real client, the same results with the loop and without it
 (REMOTE_ACCEL_SERVER_FAST_LOOP=0), messages it leaves to Python (large writes and reads)
 between those it serves, errors of ops it ran reported at the next sync point as Python
 reports them, and heartbeats while it runs a long batch. One client process per test
@@ -21,7 +21,7 @@ from remote_accel.dataplane import wire
 from remote_accel.dataplane.wire import MsgType
 from remote_accel.errors import MessageTooLarge, ProtocolError
 from remote_accel.server import _native
-from remote_accel.server.testing import ServerProcess
+from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
 
 CLIENT_TIMEOUT_S = 240  # EAL start-up is a few seconds; a loaded 2-core machine is slow
 
@@ -31,7 +31,7 @@ PRELUDE = textwrap.dedent("""
     from remote_accel.pytorch_ext import runtime
     if sys.argv[3] == "dpdk":
         remote_accel.init(transport="dpdk", port=0, token=sys.argv[1])
-    else:
+    else:  # TLS: the CA is in REMOTE_ACCEL_TLS_CA
         remote_accel.init(transport="tcp", server=sys.argv[4], token=sys.argv[1])
     runtime.session(0).timeout = float(sys.argv[2])  # silence a sync accepts (connecting keeps the default)
     served = lambda: runtime.session(0).stats()["fast_loop_served"]
@@ -63,8 +63,34 @@ WORK = PRELUDE + textwrap.dedent("""
 """)
 
 
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory) -> dict:
+    """A CA and its server certificate for 127.0.0.1 (openssl CLI)."""
+    d = tmp_path_factory.mktemp("pki")
+    ca = make_ca(d, "ca")
+    cert, key = make_leaf(d, "server", "ca", "IP:127.0.0.1")
+    return dict(ca=ca, cert=cert, key=key)
+
+
+@pytest.fixture(params=["tcp", pytest.param("tls", marks=pytest.mark.any_torch),
+                        pytest.param("dpdk", marks=[pytest.mark.dpdk, pytest.mark.any_torch])])
+def transport(request, tls_files):
+    """The conftest's transports and TLS: the TLS link is the TCP link with OpenSSL's reads
+    and writes (the TCP run covers the torch side, hence any_torch)."""
+    if request.param == "dpdk":
+        request.getfixturevalue("needs_dpdk")  # skips where DPDK is missing (fails in CI)
+    _TLS.clear()
+    if request.param == "tls":
+        _TLS.update(tls_files)
+    return request.param
+
+
+_TLS: dict = {}  # the current test's certificates, when it runs over TLS
+
+
 def _server(transport: str, **kwargs) -> ServerProcess:
-    return ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp",
+    tls = ("--tls-cert", _TLS["cert"], "--tls-key", _TLS["key"]) if transport == "tls" else ()
+    return ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", *tls,
                          start_timeout=CLIENT_TIMEOUT_S, **kwargs)
 
 
@@ -73,10 +99,12 @@ def _run(script: str, server: ServerProcess, transport: str, timeout_s: float = 
     """`script` in a client process of its own; its sys.argv: token, timeout, transport,
     the server's TCP address, then `extra`."""
     host, port = server.tcp
+    env = dict(os.environ, **server.client_env())
+    if transport == "tls":
+        env["REMOTE_ACCEL_TLS_CA"] = _TLS["ca"]
     return subprocess.run([sys.executable, "-c", script, server.token, str(timeout_s), transport, f"{host}:{port}",
                            *extra],
-                          env=dict(os.environ, **server.client_env()), text=True, capture_output=True,
-                          timeout=CLIENT_TIMEOUT_S)
+                          env=env, text=True, capture_output=True, timeout=CLIENT_TIMEOUT_S)
 
 
 def _work(transport: str, fast_loop: str) -> dict:

@@ -18,7 +18,9 @@ call runs under one short lock, and all waiting (select) happens outside it.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import select
 import socket
 import ssl
@@ -82,9 +84,26 @@ class TlsTransport(TcpTransport):
     at `connect` on a client, and in the first recv (within its timeout) on a server,
     so that an accept loop never waits for a slow or hostile peer."""
 
-    def native_link(self) -> None:
-        """The server's C++ receive loop reads plain sockets only: a TLS session stays in Python."""
-        return None
+    def native_link(self) -> Optional[tuple]:
+        """("tls", TcpTransport.native_socket()'s tuple + (the SSL object's address, OpenSSL's
+        functions)) for a server session's C++ loop (server/csrc/tls_link.h), after the
+        handshake; None where Python's `ssl` cannot hand its SSL object over (every message
+        then goes through Python, as before)."""
+        sslobj = getattr(self._sock, "_sslobj", None) if self._ready and not self._closed else None
+        functions = _openssl_functions()
+        address = None if sslobj is None or functions is None else _ssl_address(sslobj, self._sock.fileno())
+        if address is None:
+            return None
+        self._native_ssl = sslobj  # the link uses it: never freed before this transport
+        return ("tls", (*self.native_socket(), address, functions))
+
+    def send_locked(self, send_fn) -> None:
+        """TcpTransport.send_locked, and the C++ send runs under the lock of every call into
+        the SSL object: the heartbeat's send never meets Python's read of the same object."""
+        def locked():
+            with self._io:
+                return send_fn()
+        super().send_locked(locked)
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
                  server_hostname: Optional[str] = None, **kwargs):
@@ -280,6 +299,51 @@ class TlsTransport(TcpTransport):
         return self._tls_read(memoryview(buffer), time.monotonic() + self._stall_s(), "a message")
 
     _read_direct = _read_some
+
+
+#: OpenSSL's functions a server's C++ loop calls (server/csrc/tls_link.h, SslFunctions)
+_SSL_FUNCTIONS = ("SSL_read", "SSL_write", "SSL_get_error", "SSL_set_fd", "ERR_clear_error", "ERR_peek_error")
+
+
+@functools.lru_cache(maxsize=None)
+def _openssl() -> Optional[ctypes.CDLL]:
+    """The OpenSSL that Python's `_ssl` module uses, its functions looked up through that
+    module (so the loop calls the library that made the SSL object); None where the module
+    does not expose them (an OpenSSL linked in statically)."""
+    try:
+        import _ssl
+        lib = ctypes.CDLL(_ssl.__file__)
+        for name in _SSL_FUNCTIONS + ("SSL_get_fd",):
+            getattr(lib, name)
+    except (ImportError, OSError, AttributeError):
+        return None
+    lib.SSL_get_fd.argtypes, lib.SSL_get_fd.restype = [ctypes.c_void_p], ctypes.c_int
+    return lib
+
+
+def _openssl_functions() -> Optional[tuple]:
+    lib = _openssl()
+    return None if lib is None else tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in _SSL_FUNCTIONS)
+
+
+def _ssl_address(sslobj, fd: int) -> Optional[int]:
+    """The SSL* inside a `_ssl._SSLSocket`, or None. CPython (3.8 to 3.13) lays the object
+    out as its header, the socket's weak reference, the SSL*, then the context: the context
+    pointer must be the object `sslobj.context` is, and the SSL's descriptor `fd`."""
+    lib = _openssl()
+    if lib is None:
+        return None
+    word = ctypes.sizeof(ctypes.c_void_p)
+    fields = id(sslobj) + object.__basicsize__
+    try:
+        if ctypes.c_void_p.from_address(fields + 2 * word).value != id(sslobj.context):
+            return None
+    except AttributeError:
+        return None
+    address = ctypes.c_void_p.from_address(fields + word).value
+    if not address or lib.SSL_get_fd(address) != fd:
+        return None
+    return address
 
 
 def _coalesced(pieces: list) -> list:

@@ -84,11 +84,12 @@ class Transport(abc.ABC):
 
     def native_link(self) -> Optional[tuple]:
         """What a server session's receive loop in C++ (server/csrc/fast_loop.h) needs to
-        read and write this link itself: ("tcp", TcpTransport.native_socket()) or
-        ("dpdk", DpdkTransport.native_addresses()). Such a transport also offers the hand-
-        over the session makes around that loop (finish_recv, recv_error, send_locked; TCP:
+        read and write this link itself: ("tcp", TcpTransport.native_socket()), ("tls",
+        the same and the SSL object: TlsTransport.native_link) or ("dpdk",
+        DpdkTransport.native_addresses()). Such a transport also offers the hand-over the
+        session makes around that loop (finish_recv, recv_error, send_locked; TCP and TLS:
         read_ahead, set_read_ahead, add_native_counts). None, this default: every message
-        goes through Python (TLS, which the C++ loop cannot decrypt)."""
+        goes through Python."""
         return None
 
     @abc.abstractmethod

@@ -48,6 +48,7 @@ Executor = _native.Executor
 FastLoop = _native.FastLoop
 DpdkLink = _native.DpdkLink
 TcpLink = _native.TcpLink
+TlsLink = _native.TlsLink
 Pool = _native.Pool
 lock_default_generator = _native.lock_default_generator
 unlock_default_generator = _native.unlock_default_generator

@@ -89,7 +89,7 @@ class Session(Receiving):
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
         self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
-        self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP connection
+        self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP or TLS connection
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,
             MsgType.FREE: self._one_way, MsgType.WRITE: self._one_way, MsgType.BATCH: self._one_way,
@@ -181,9 +181,9 @@ class Session(Receiving):
                 return "goodbye"
 
     def _fast_loop(self) -> Optional["native.FastLoop"]:
-        """The C++ receive loop (csrc/fast_loop.h) for a DPDK or plain TCP connection; None
-        for other transports (TLS), or with REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message
-        through Python)."""
+        """The C++ receive loop (csrc/fast_loop.h) for a DPDK, TCP or TLS connection; None
+        for a transport that cannot hand its connection over (native_link), or with
+        REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message through Python)."""
         if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP") or self.copy_grant is not None:
             return None  # a copy session's one message goes through Python's checks
         described = self.transport.native_link()
@@ -192,6 +192,10 @@ class Session(Receiving):
         kind, what = described
         if kind == "dpdk":
             link = native.DpdkLink(what)
+        elif kind == "tls":
+            fd, buffer, capacity, poll_ns, stall_ns, wire_params, ssl, functions = what
+            link = self._tcp_link = native.TlsLink(fd, buffer, capacity, wire_params, poll_ns, stall_ns, ssl,
+                                                   functions)
         else:
             fd, buffer, capacity, poll_ns, stall_ns, wire_params = what
             link = self._tcp_link = native.TcpLink(fd, buffer, capacity, wire_params, poll_ns, stall_ns)

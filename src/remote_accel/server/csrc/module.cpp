@@ -6,6 +6,7 @@
 #include "cpu_bernoulli.h"
 #include "fast_loop.h"
 #include "tcp_link.h"
+#include "tls_link.h"
 
 #include <ATen/ops/empty.h>
 
@@ -379,6 +380,23 @@ PYBIND11_MODULE(_native, m) {
       .def("take_counts", &TcpLink::take_counts,
            "(rx messages, rx bytes, tx messages, tx bytes) since the last call, for the transport's counters.")
       .def("close", &TcpLink::close, "Closes the link's socket (a dup of the transport's).");
+  py::class_<TlsLink, TcpLink>(m, "TlsLink")
+      .def(py::init([wire_params](int fd, uintptr_t buffer, size_t capacity, const py::tuple& w, int64_t poll_ns,
+                                  int64_t stall_ns, uintptr_t ssl, const py::tuple& f) {
+             if (f.size() != 6) throw py::value_error("six OpenSSL function addresses");
+             SslFunctions fns{};
+             fns.read = reinterpret_cast<decltype(fns.read)>(f[0].cast<uintptr_t>());
+             fns.write = reinterpret_cast<decltype(fns.write)>(f[1].cast<uintptr_t>());
+             fns.get_error = reinterpret_cast<decltype(fns.get_error)>(f[2].cast<uintptr_t>());
+             fns.set_fd = reinterpret_cast<decltype(fns.set_fd)>(f[3].cast<uintptr_t>());
+             fns.clear_error = reinterpret_cast<decltype(fns.clear_error)>(f[4].cast<uintptr_t>());
+             fns.peek_error = reinterpret_cast<decltype(fns.peek_error)>(f[5].cast<uintptr_t>());
+             return new TlsLink(fd, buffer, capacity, wire_params(w), poll_ns, stall_ns, ssl, fns);
+           }),
+           py::arg("fd"), py::arg("buffer"), py::arg("capacity"), py::arg("wire"), py::arg("poll_ns"),
+           py::arg("stall_ns"), py::arg("ssl"), py::arg("functions"),
+           "TlsTransport.native_link()'s: TcpLink's arguments, then the SSL object's address and the addresses of "
+           "(SSL_read, SSL_write, SSL_get_error, SSL_set_fd, ERR_clear_error, ERR_peek_error).");
   m.def("wire_encode", [wire_params](const py::tuple& w, int type, uint32_t req_id, const py::bytes& meta,
                                      std::optional<uint64_t> payload_len) {
     const shim_wire wire = wire_params(w);

@@ -64,21 +64,27 @@ int64_t TcpLink::read_more() {
     tail_ -= head_;
     head_ = 0;
   }
+  const int64_t n = raw_read(buf_ + tail_, cap_ - tail_);
+  if (n > 0) {
+    tail_ += static_cast<size_t>(n);
+    last_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
+  }
+  return n;
+}
+
+int64_t TcpLink::raw_read(char* dst, size_t cap) {
   for (;;) {
-    const ssize_t n = ::recv(fd_, buf_ + tail_, cap_ - tail_, MSG_DONTWAIT);
-    if (n > 0) {
-      tail_ += static_cast<size_t>(n);
-      last_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
-      return n;
-    }
-    if (n == 0) return 0;
+    const ssize_t n = ::recv(fd_, dst, cap, MSG_DONTWAIT);
+    if (n >= 0) return n;
     if (errno == EINTR) continue;
     return (errno == EWOULDBLOCK) ? -EAGAIN : -errno;
   }
 }
 
+short TcpLink::read_events() const { return POLLIN; }
+
 int TcpLink::wait_readable(int64_t deadline_ns) {
-  pollfd p{fd_, POLLIN, 0};
+  pollfd p{fd_, read_events(), 0};
   const int64_t left = deadline_ns == INT64_MAX ? -1 : std::max<int64_t>(0, deadline_ns - now_ns());
   timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
   const int rc = ::ppoll(&p, 1, left < 0 ? nullptr : &ts, nullptr);
@@ -155,17 +161,25 @@ int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const 
                                         static_cast<uint32_t>(meta.size()), &payload_iov, n);
   if (plen < 0) return static_cast<int>(plen);
   iovec iov[2] = {{send_buf_.data(), static_cast<size_t>(plen)}, {const_cast<void*>(payload), n ? nbytes : 0}};
+  std::unique_lock<std::mutex> lock(fd_mu_);
+  const int rc = raw_write(iov, n && nbytes > 0 ? 2 : 1, now_ns() + stall_ns_, lock);
+  if (rc < 0) return rc;
+  last_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
+  tx_messages_.fetch_add(1, std::memory_order_relaxed);
+  tx_bytes_.fetch_add(plen + static_cast<int64_t>(n ? nbytes : 0), std::memory_order_relaxed);
+  return 0;
+}
+
+int TcpLink::raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<std::mutex>& /*fd_lock*/) {
   msghdr msg{};
   msg.msg_iov = iov;
-  msg.msg_iovlen = n && nbytes > 0 ? 2 : 1;
-  const int64_t deadline = now_ns() + stall_ns_;
-  std::lock_guard<std::mutex> lock(fd_mu_);
+  msg.msg_iovlen = n;
   while (msg.msg_iovlen > 0) {
     const ssize_t wrote = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (wrote < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
-      if (now_ns() >= deadline) return -ETIMEDOUT;  // the client stopped reading
+      if (now_ns() >= deadline_ns) return -ETIMEDOUT;  // the client stopped reading
       pollfd p{fd_, POLLOUT, 0};
       ::poll(&p, 1, 10);
       continue;
@@ -181,9 +195,6 @@ int TcpLink::send(uint8_t type, uint32_t req_id, const std::string& meta, const 
       msg.msg_iov[0].iov_len -= sent;
     }
   }
-  last_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
-  tx_messages_.fetch_add(1, std::memory_order_relaxed);
-  tx_bytes_.fetch_add(plen + static_cast<int64_t>(n ? nbytes : 0), std::memory_order_relaxed);
   return 0;
 }
 

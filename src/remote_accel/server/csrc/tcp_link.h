@@ -22,6 +22,8 @@
 
 #include "fast_loop.h"
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <mutex>
 #include <cstddef>
@@ -52,19 +54,30 @@ class TcpLink : public Link {
   int send(uint8_t type, uint32_t req_id, const std::string& meta, const void* payload, size_t nbytes) override;
 
   // Closes this link's socket (the session's end; the destructor's otherwise).
-  void close();
+  virtual void close();
   void set_read_ahead(size_t head, size_t tail);
   std::pair<size_t, size_t> read_ahead() const { return {head_, tail_}; }
   // (rx messages, rx bytes, tx messages, tx bytes) served and sent here since the last
   // call: the transport's counters (its stats(), the server's metrics) add them.
   std::tuple<int64_t, int64_t, int64_t, int64_t> take_counts();
 
+ protected:
+  // The byte stream under the link (TlsLink: the stream TLS decrypts). raw_read: up to `cap`
+  // bytes without waiting; >0 bytes, 0 the peer's end, -EAGAIN nothing there, other -errno.
+  virtual int64_t raw_read(char* dst, size_t cap);
+  // raw_write: the whole of iov[0..n) by `deadline_ns`; 0, -ETIMEDOUT (the peer stopped
+  // reading), other -errno. Called with fd_mu_ held; may unlock it while it waits.
+  virtual int raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<std::mutex>& fd_lock);
+  // the events a wait for more bytes polls for (TlsLink: also POLLOUT while TLS must write)
+  virtual short read_events() const;
+
  private:
-  // Reads what the socket holds into the buffer after tail_; >0 bytes, 0 the peer's end,
-  // -EAGAIN nothing there, other -errno.
+  // Reads what the socket holds into the buffer after tail_ (raw_read).
   int64_t read_more();
   // Waits until the socket is readable or `deadline_ns` (steady clock) passes.
   int wait_readable(int64_t deadline_ns);
+
+ protected:
 
   int fd_;
   char* buf_;
@@ -77,7 +90,7 @@ class TcpLink : public Link {
   size_t pending_ = 0;  // bytes of the message next() returned
   std::atomic<int64_t> last_traffic_ns_{0};  // a read or a send (the heartbeat's too)
   std::vector<uint8_t> send_buf_;  // a reply's prologue; sends are serialised by the loop
-  std::mutex fd_mu_;
+  std::mutex fd_mu_;  // fd_ against close; TlsLink: every call into the SSL object
   std::atomic<int64_t> rx_messages_{0}, rx_bytes_{0}, tx_messages_{0}, tx_bytes_{0};  // a send (the heartbeat's thread) against close: the number is not reused under it
 };
 

@@ -1,0 +1,108 @@
+// A TLS session's socket for the C++ receive loop: tls_link.h says whose SSL object it
+// uses and how the threads share it.
+#include "tls_link.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+
+namespace remote_accel::server {
+
+namespace {
+// OpenSSL's stable values (ssl.h, err.h)
+constexpr int kErrorSsl = 1, kWantRead = 2, kWantWrite = 3, kErrorSyscall = 5, kZeroReturn = 6;
+constexpr unsigned long kReasonMask = 0x7FFFFF;  // ERR_GET_REASON
+constexpr unsigned long kUnexpectedEof = 294;    // SSL_R_UNEXPECTED_EOF_WHILE_READING
+}  // namespace
+
+TlsLink::TlsLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wire, int64_t poll_ns,
+                 int64_t stall_ns, uintptr_t ssl, const SslFunctions& fns)
+    : TcpLink(fd, buffer, capacity, wire, poll_ns, stall_ns),
+      ssl_(reinterpret_cast<void*>(ssl)),
+      python_fd_(fd),
+      fns_(fns) {
+  if (ssl_ == nullptr || !fns_.read || !fns_.write || !fns_.get_error || !fns_.set_fd || !fns_.clear_error ||
+      !fns_.peek_error) {
+    throw std::invalid_argument("TlsLink needs the SSL object and every OpenSSL function");
+  }
+  if (fns_.set_fd(ssl_, fd_) != 1) throw std::runtime_error("SSL_set_fd on the link's socket failed");
+}
+
+TlsLink::~TlsLink() { close(); }
+
+void TlsLink::close() {
+  std::lock_guard<std::mutex> lock(fd_mu_);
+  if (ssl_ != nullptr) {
+    fns_.set_fd(ssl_, python_fd_);  // Python's socket again, as before the link
+    ssl_ = nullptr;
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+int64_t TlsLink::failure(int ret, int call_errno) {
+  const int err = fns_.get_error(ssl_, ret);
+  want_write_ = err == kWantWrite;
+  switch (err) {
+    case kWantRead:
+    case kWantWrite:
+      return -EAGAIN;
+    case kZeroReturn:  // the peer's close_notify
+      return 0;
+    case kErrorSyscall:
+      return call_errno != 0 ? -call_errno : 0;  // no errno: the stream ended
+    case kErrorSsl:  // a peer gone without close_notify is the end of the stream, as Python's
+      return (fns_.peek_error() & kReasonMask) == kUnexpectedEof ? 0 : -EPROTO;
+    default:
+      return -EPROTO;
+  }
+}
+
+int64_t TlsLink::raw_read(char* dst, size_t cap) {
+  std::lock_guard<std::mutex> lock(fd_mu_);
+  if (ssl_ == nullptr) return -EBADF;
+  fns_.clear_error();  // SSL_get_error reads this thread's error queue
+  errno = 0;
+  const int n = fns_.read(ssl_, dst, static_cast<int>(std::min<size_t>(cap, INT_MAX)));
+  const int call_errno = errno;
+  if (n > 0) {
+    want_write_ = false;
+    return n;
+  }
+  return failure(n, call_errno);
+}
+
+short TlsLink::read_events() const { return want_write_ ? POLLIN | POLLOUT : POLLIN; }
+
+int TlsLink::raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<std::mutex>& fd_lock) {
+  // one record for the whole reply (a prologue and at most a small payload)
+  record_.clear();
+  for (int i = 0; i < n; ++i) {
+    const auto* p = static_cast<const uint8_t*>(iov[i].iov_base);
+    record_.insert(record_.end(), p, p + iov[i].iov_len);
+  }
+  for (;;) {
+    if (ssl_ == nullptr) return -EBADF;
+    fns_.clear_error();
+    errno = 0;
+    const int wrote = fns_.write(ssl_, record_.data(), static_cast<int>(record_.size()));
+    const int call_errno = errno;
+    if (wrote > 0) return 0;  // without SSL_MODE_ENABLE_PARTIAL_WRITE (Python's mode): all of it
+    const int err = fns_.get_error(ssl_, wrote);
+    if (err != kWantRead && err != kWantWrite) {
+      const int64_t rc = failure(wrote, call_errno);
+      return rc < 0 ? static_cast<int>(rc) : -EPIPE;
+    }
+    if (now_ns() >= deadline_ns) return -ETIMEDOUT;  // the client stopped reading
+    pollfd p{fd_, static_cast<short>(err == kWantWrite ? POLLOUT : POLLIN), 0};
+    fd_lock.unlock();  // the loop's reads go on meanwhile (a retry repeats the same write)
+    ::poll(&p, 1, 10);
+    fd_lock.lock();
+  }
+}
+
+} // namespace remote_accel::server
