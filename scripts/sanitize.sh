@@ -53,13 +53,14 @@ c_parts_tests=(
   tests/dpdk/test_doorbell.py tests/dpdk/test_acceptance.py tests/server/test_fast_loop.py
   tests/server/test_fuzz.py tests/server/test_read_fast_path_dpdk.py
 )
-# Over TCP the loop's only sanitized part is the codec, which the DPDK runs of the same
-# tests drive as well (with the shim): CI's time goes to those.
-c_parts_skip=(
-  --deselect "tests/server/test_fast_loop.py::test_the_loop_serves_batches_reads_and_syncs_with_the_results_python_gives[tcp]"
-  --deselect "tests/server/test_fast_loop.py::test_batches_with_uploads_run_in_the_loop_in_order_with_python_s_results[tcp]"
-  --deselect "tests/server/test_fast_loop.py::test_an_op_that_fails_in_the_loop_is_reported_at_the_next_sync_point[tcp]"
-)
+# Over TCP and TLS the loop's only sanitized part is the codec, which the DPDK runs of the
+# same tests drive as well (with the shim): CI's time goes to those.
+c_parts_skip=()
+for t in test_the_loop_serves_batches_reads_and_syncs_with_the_results_python_gives \
+         test_batches_with_uploads_run_in_the_loop_in_order_with_python_s_results \
+         test_an_op_that_fails_in_the_loop_is_reported_at_the_next_sync_point; do
+  c_parts_skip+=(--deselect "tests/server/test_fast_loop.py::$t[tcp]" --deselect "tests/server/test_fast_loop.py::$t[tls]")
+done
 if [[ ${1:-} == --c-parts ]]; then
   shift
   venv=${REMOTE_ACCEL_VENV:-.venv}
