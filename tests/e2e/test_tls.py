@@ -54,6 +54,27 @@ def test_a_model_trains_over_tls(tls_server, pki):
     assert remote[-1] < remote[0]
 
 
+def test_tls_records_are_read_in_c_and_the_server_s_loop_serves_the_session(tls_server, pki):
+    """Where Python's `ssl` hands its SSL object over (CPython with a shared OpenSSL, as
+    here and in CI), the client reads many records a call in C and the server serves the
+    session in its C++ loop: a change that disables either (a new object layout) fails
+    here instead of going unseen as a slower TLS."""
+    host, port = tls_server.tcp
+    remote_accel.init(transport="tcp", server=f"{host}:{port}", token=tls_server.token, tls_ca=pki["ca"])
+    try:
+        session = runtime.session(0)
+        assert session.transport._c_reads is not None
+        x = torch.arange(64.0, device="remote_accel")
+        before = session.stats()["fast_loop_served"]
+        assert [(x * i).sum().item() for i in range(20)] == [2016.0 * i for i in range(20)]
+        batches, reads, _ = session.stats()["fast_loop_served"]
+        assert batches > before[0] and reads >= before[1] + 20, (before, session.stats()["fast_loop_served"])
+        big = torch.randn(3 << 20)  # 12 MiB each way: many records in one read
+        assert torch.equal((big.to("remote_accel") + 1).cpu(), big + 1)
+    finally:
+        remote_accel.shutdown()
+
+
 def test_the_ca_comes_from_the_environment_too(pki, monkeypatch):
     monkeypatch.setenv("REMOTE_ACCEL_TLS_CA", pki["ca"])
     assert lifecycle._tls_context(None, None, None) is not None

@@ -33,6 +33,12 @@ from . import messages as m
 from . import wire
 from .tcp import TcpListener, TcpTransport
 
+try:
+    from . import _tls_reads
+except ImportError:  # not built: Python's reads, one record a call
+    _tls_reads = None
+
+_WOULD_BLOCK = -2  # _tls_reads.read_into: SSL_ERROR_WANT_READ (-3: WANT_WRITE)
 #: Pieces of a message smaller than this are joined before encryption: one TLS record
 #: (and one syscall) for a small message instead of one per piece.
 _COALESCE = 64 << 10
@@ -89,13 +95,9 @@ class TlsTransport(TcpTransport):
         functions)) for a server session's C++ loop (server/csrc/tls_link.h), after the
         handshake; None where Python's `ssl` cannot hand its SSL object over (every message
         then goes through Python, as before)."""
-        sslobj = getattr(self._sock, "_sslobj", None) if self._ready and not self._closed else None
-        functions = _openssl_functions()
-        address = None if sslobj is None or functions is None else _ssl_address(sslobj, self._sock.fileno())
-        if address is None:
+        if self._ssl_address is None or self._closed:
             return None
-        self._native_ssl = sslobj  # the link uses it: never freed before this transport
-        return ("tls", (*self.native_socket(), address, functions))
+        return ("tls", (*self.native_socket(), self._ssl_address, _openssl_functions()))
 
     def send_locked(self, send_fn) -> None:
         """TcpTransport.send_locked, and the C++ send runs under the lock of every call into
@@ -114,6 +116,8 @@ class TlsTransport(TcpTransport):
         self._hostname = server_hostname
         self._io = threading.Lock()  # every call into the SSL object
         self._ready = False
+        self._ssl_address: Optional[int] = None  # the SSL object's, after the handshake (_found_ssl_object)
+        self._c_reads: Optional[tuple] = None  # _tls_reads.read_into's (SSL*, SSL_read, SSL_get_error, ERR_clear_error)
         sock.setblocking(False)
 
     @classmethod
@@ -172,6 +176,20 @@ class TlsTransport(TcpTransport):
                 raise self._failed(PeerGone(f"{self.peer} closed the connection during the TLS handshake "
                                             f"({exc.strerror or exc}){self._hint()}")) from None
             self._ready = True
+            self._found_ssl_object()
+
+    def _found_ssl_object(self) -> None:
+        """After the handshake: the SSL object's address, for reads in C (_tls_reads.c) and
+        a server's C++ loop; None where Python's `ssl` cannot hand it over (Python's reads)."""
+        sslobj = getattr(self._sock, "_sslobj", None)
+        address = None if sslobj is None or _openssl() is None else _ssl_address(sslobj, self._sock.fileno())
+        if address is None:
+            return
+        self._native_ssl = sslobj  # used through its address: never freed before this transport
+        self._ssl_address = address
+        if _tls_reads is not None:
+            read, _, get_error, _, clear_error, _ = _openssl_functions()
+            self._c_reads = (address, read, get_error, clear_error)
 
     def _hint(self) -> str:
         if self._server_side:
@@ -278,12 +296,18 @@ class TlsTransport(TcpTransport):
         TcpTransport._wait_readable)."""
         while True:
             with self._io:
-                try:
-                    n = self._sock.recv_into(view)
-                except ssl.SSLWantReadError:
-                    n, read = None, True
-                except ssl.SSLWantWriteError:
-                    n, read = None, False
+                n = -1
+                if self._c_reads is not None and not self._closed:  # many records a call, in C
+                    n = _tls_reads.read_into(*self._c_reads, view)
+                    if n < -1:
+                        n, read = None, n == _WOULD_BLOCK
+                if n == -1:  # without it, or for the peer's end and errors: Python's own call
+                    try:
+                        n = self._sock.recv_into(view)
+                    except ssl.SSLWantReadError:
+                        n, read = None, True
+                    except ssl.SSLWantWriteError:
+                        n, read = None, False
             if self._closed:  # closed meanwhile: SSLSocket.shutdown drops the SSL object before the
                 raise OSError(errno.EBADF, "closed")  # socket's, a read in between returns raw records
             if n is not None:
