@@ -2,8 +2,8 @@
 memcpy of the same buffer (the limit), DPDK memif between two processes, and TCP
 loopback between two processes, plain and over TLS (what encryption costs); then what a
 user sees: a tensor's round trip `y = x.to("remote_accel"); y.cpu()` through a real
-server over memif and over TCP, every round trip landing in fresh tensors on both sides
-as a training loop's batches do (GB/s counts the bytes both ways).
+server over memif, over TCP and over TLS, every round trip landing in fresh tensors on
+both sides as a training loop's batches do (GB/s counts the bytes both ways).
 
     python benchmarks/bench_dataplane.py                  # defaults: 64 MiB x 32, 20000 round trips
     python benchmarks/bench_dataplane.py --only tcp,tls   # TCP with and without TLS
@@ -216,10 +216,19 @@ def user_main(kind: str, size: int, rounds: int) -> int:
     from remote_accel.pytorch_ext import runtime
     from remote_accel.server.testing import ServerProcess
 
-    with ServerProcess("--transport", "tcp" if kind == "tcp" else "tcp,dpdk") as server:
+    from remote_accel.server.testing import make_ca, make_leaf
+
+    pki = tempfile.TemporaryDirectory(prefix="bench-dataplane-tls-")
+    tls_server, tls_client = (), {}
+    if kind == "tls":  # a certificate made for the run, which the client checks
+        ca = make_ca(pki.name, "ca")
+        cert, key = make_leaf(pki.name, "server", "ca", "IP:127.0.0.1")
+        tls_server, tls_client = ("--tls-cert", cert, "--tls-key", key), {"tls_ca": ca}
+    with pki, ServerProcess("--transport", "tcp,dpdk" if kind == "dpdk" else "tcp", *tls_server) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket
-        remote_accel.init(transport=kind, server=f"{host}:{port}", token=server.token)
+        remote_accel.init(transport="dpdk" if kind == "dpdk" else "tcp", server=f"{host}:{port}", token=server.token,
+                          **tls_client)
         x = torch.randint(0, 1 << 30, (size // 4,), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
         assert torch.equal(x.to("remote_accel").cpu(), x), "the tensor came back different"
         # the memcpy this row is compared with: the same bytes into warm memory, timed
@@ -431,7 +440,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-mib", type=int, default=512,
                    help="the sweep's many-tensor total and model size, MiB; single tensors up to half (default 512)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--user-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
+    p.add_argument("--user-peer", choices=("tcp", "dpdk", "tls"), help=argparse.SUPPRESS)
     p.add_argument("--sweep-peer", choices=("tcp", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--peer", choices=("tcp", "tls", "dpdk"), help=argparse.SUPPRESS)
     p.add_argument("--cert", default="", help=argparse.SUPPRESS)
@@ -462,6 +471,9 @@ def main(argv=None) -> int:
         if "tcp" in args.only:
             rows["user tcp"] = run_user("tcp", args)
             rows["user tcp"].pop("stats")
+        if "tls" in args.only:
+            rows["user tls"] = run_user("tls", args)
+            rows["user tls"].pop("stats")
     sweep = {}
     if args.sweep:
         sweep = {name: run_sweep(kind, args.sweep_mib) for kind, name in (("dpdk", "memif"), ("tcp", "tcp")) if kind in args.only}

@@ -184,7 +184,7 @@ def test_dataplane_table(need_dpdk):
     # a row: its name in 16 columns, then bulk GB/s, x TCP, % memcpy, RTT p50, p99, idle p50 ("-": none)
     rows = {line[:16].strip(): line[16:].split() for line in lines[1:] if not line.startswith(("(", "dpdk:"))}
     measured = {"memcpy": "bulk", "dpdk memif": "both", "dpdk memif naps": "rtt", "tcp loopback": "both",
-                "tcp no poll": "rtt", "tls loopback": "both", "user memif": "bulk", "user tcp": "bulk"}
+                "tcp no poll": "rtt", "tls loopback": "both", "user memif": "bulk", "user tcp": "bulk", "user tls": "bulk"}
     assert list(rows) == list(measured), lines
     for name, kind in measured.items():
         cells = rows[name]
