@@ -14,6 +14,11 @@ straight into the buffer the payload sink chose.
 An SSL object must not be read and written by two threads at once, while a Transport
 lets one thread receive as others send. So the socket is non-blocking, every OpenSSL
 call runs under one short lock, and all waiting (select) happens outside it.
+
+After the handshake the SSL object inside `ssl`'s socket is found (`_ssl_address`, checked):
+reads then take as many records as are there in one call in C (`_tls_reads.c`), and a
+server session hands the object to its C++ receive loop (`native_link`,
+server/csrc/tls_link.h). Where it cannot be found, Python's `ssl` does every read.
 """
 
 from __future__ import annotations
@@ -345,6 +350,7 @@ def _openssl() -> Optional[ctypes.CDLL]:
     return lib
 
 
+@functools.lru_cache(maxsize=None)
 def _openssl_functions() -> Optional[tuple]:
     lib = _openssl()
     return None if lib is None else tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in _SSL_FUNCTIONS)
