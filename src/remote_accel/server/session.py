@@ -88,7 +88,7 @@ class Session(Receiving):
         self._stream = None
         self._stash: Optional[tuple] = None  # (type, decoded message or exception, payload plan)
         self.heartbeat = Heartbeat(transport, f"session-{number}-heartbeat")
-        self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP)
+        self._fast: Optional["native.FastLoop"] = None  # the C++ receive loop (DPDK, TCP, TLS)
         self._tcp_link: Optional["native.TcpLink"] = None  # its link, on a TCP or TLS connection
         self._handlers = {
             MsgType.PING: self._on_ping, MsgType.GOODBYE: self._on_goodbye, MsgType.ALLOC: self._one_way,

@@ -77,8 +77,7 @@ class TcpLink : public Link {
   // Waits until the socket is readable or `deadline_ns` (steady clock) passes.
   int wait_readable(int64_t deadline_ns);
 
- protected:
-
+ protected:  // TlsLink's too
   int fd_;
   char* buf_;
   size_t cap_;
