@@ -216,14 +216,13 @@ def user_main(kind: str, size: int, rounds: int) -> int:
     from remote_accel.pytorch_ext import runtime
     from remote_accel.server.testing import ServerProcess
 
-    from remote_accel.server.testing import make_ca, make_leaf
+    from remote_accel.server.testing import local_server_certificate
 
     pki = tempfile.TemporaryDirectory(prefix="bench-dataplane-tls-")
     tls_server, tls_client = (), {}
     if kind == "tls":  # a certificate made for the run, which the client checks
-        ca = make_ca(pki.name, "ca")
-        cert, key = make_leaf(pki.name, "server", "ca", "IP:127.0.0.1")
-        tls_server, tls_client = ("--tls-cert", cert, "--tls-key", key), {"tls_ca": ca}
+        tls_server, ca = local_server_certificate(pki.name)
+        tls_client = {"tls_ca": ca}
     with pki, ServerProcess("--transport", "tcp,dpdk" if kind == "dpdk" else "tcp", *tls_server) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket

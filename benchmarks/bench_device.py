@@ -48,7 +48,7 @@ import torch.nn as nn
 
 import remote_accel
 from remote_accel.pytorch_ext import runtime
-from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
+from remote_accel.server.testing import ServerProcess, local_server_certificate
 from timing import (  # noqa: E402  (this folder, beside the script)
     add_server_threads_option, median_seconds, server_thread_options, wait_for_compiles)
 
@@ -189,9 +189,8 @@ def measure(transport_name: str, steps: int, sync_only: bool = False, server_thr
     tls_dir = tempfile.TemporaryDirectory(prefix="bench-device-tls-")
     tls_server, tls_client = (), {}
     if transport_name == "tls":
-        ca = make_ca(tls_dir.name, "ca")
-        cert, key = make_leaf(tls_dir.name, "server", "ca", "IP:127.0.0.1")
-        tls_server, tls_client = ("--tls-cert", cert, "--tls-key", key), {"tls_ca": ca}
+        tls_server, ca = local_server_certificate(tls_dir.name)
+        tls_client = {"tls_ca": ca}
     with tls_dir, ServerProcess("--transport", transport, *threads, *tls_server) as server:
         host, port = server.tcp
         os.environ.update(server.client_env())  # the server's private memif socket

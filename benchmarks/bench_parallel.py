@@ -259,15 +259,13 @@ def main(argv=None) -> int:
     else:
         import tempfile
 
-        from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
+        from remote_accel.server.testing import ServerProcess, local_server_certificate
 
         procs = []
         pki = tempfile.TemporaryDirectory(prefix="bench-parallel-pki-")
         tls = ()
         if args.tls:
-            args.tls_ca = make_ca(pki.name, "ca")
-            cert, key = make_leaf(pki.name, "server", "ca", "IP:127.0.0.1,DNS:localhost")
-            tls = ("--tls-cert", cert, "--tls-key", key)
+            tls, args.tls_ca = local_server_certificate(pki.name)
         try:
             for i in range(most):
                 dpdk = ("--transport", "tcp,dpdk") if args.dpdk and i == 0 else ()

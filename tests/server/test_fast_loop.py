@@ -1,6 +1,6 @@
 """The session's receive loop in C++ (server/csrc/fast_loop.h), over DPDK (memif), over
-TCP (tcp_link.h) and over TLS (tls_link.h): a real client, the same results with the loop and without it
-(REMOTE_ACCEL_SERVER_FAST_LOOP=0), messages it leaves to Python (large writes and reads)
+TCP (tcp_link.h) and over TLS (tls_link.h): a real client, the same results with the loop
+and without it (REMOTE_ACCEL_SERVER_FAST_LOOP=0), messages it leaves to Python (large writes and reads)
 between those it serves, errors of ops it ran reported at the next sync point as Python
 reports them, and heartbeats while it runs a long batch. One client process per test
 (one EAL per process); and the TCP link's prologues against wire.py's."""
@@ -21,7 +21,7 @@ from remote_accel.dataplane import wire
 from remote_accel.dataplane.wire import MsgType
 from remote_accel.errors import MessageTooLarge, ProtocolError
 from remote_accel.server import _native
-from remote_accel.server.testing import ServerProcess, make_ca, make_leaf
+from remote_accel.server.testing import ServerProcess, local_server_certificate
 
 CLIENT_TIMEOUT_S = 240  # EAL start-up is a few seconds; a loaded 2-core machine is slow
 
@@ -63,33 +63,29 @@ WORK = PRELUDE + textwrap.dedent("""
 """)
 
 
+_TLS: dict = {}  # the module's certificate for its TLS runs (tls_files)
+
+
 @pytest.fixture(scope="module")
-def tls_files(tmp_path_factory) -> dict:
-    """A CA and its server certificate for 127.0.0.1 (openssl CLI)."""
-    d = tmp_path_factory.mktemp("pki")
-    ca = make_ca(d, "ca")
-    cert, key = make_leaf(d, "server", "ca", "IP:127.0.0.1")
-    return dict(ca=ca, cert=cert, key=key)
+def tls_files(tmp_path_factory) -> None:
+    """A CA and its server certificate for 127.0.0.1 (openssl CLI), for _server and _run."""
+    _TLS["server_options"], _TLS["ca"] = local_server_certificate(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(params=["tcp", pytest.param("tls", marks=pytest.mark.any_torch),
                         pytest.param("dpdk", marks=[pytest.mark.dpdk, pytest.mark.any_torch])])
-def transport(request, tls_files):
+def transport(request):
     """The conftest's transports and TLS: the TLS link is the TCP link with OpenSSL's reads
     and writes (the TCP run covers the torch side, hence any_torch)."""
     if request.param == "dpdk":
         request.getfixturevalue("needs_dpdk")  # skips where DPDK is missing (fails in CI)
-    _TLS.clear()
-    if request.param == "tls":
-        _TLS.update(tls_files)
+    elif request.param == "tls":
+        request.getfixturevalue("tls_files")
     return request.param
 
 
-_TLS: dict = {}  # the current test's certificates, when it runs over TLS
-
-
 def _server(transport: str, **kwargs) -> ServerProcess:
-    tls = ("--tls-cert", _TLS["cert"], "--tls-key", _TLS["key"]) if transport == "tls" else ()
+    tls = _TLS["server_options"] if transport == "tls" else ()
     return ServerProcess("--transport", "tcp,dpdk" if transport == "dpdk" else "tcp", *tls,
                          start_timeout=CLIENT_TIMEOUT_S, **kwargs)
 

@@ -19,11 +19,7 @@
 #include <limits.h>
 #include <stdint.h>
 
-enum { WANT_READ = 2, WANT_WRITE = 3 }; /* SSL_ERROR_* (ssl.h), stable across versions */
-
-typedef int (*ssl_read_fn)(void* ssl, void* buf, int num);
-typedef int (*ssl_get_error_fn)(const void* ssl, int ret);
-typedef void (*err_clear_fn)(void);
+#include "openssl_calls.h"
 
 /* read_into(ssl, read, get_error, clear_error, buffer) -> bytes read (> 0), or -2: nothing
  * there (SSL_ERROR_WANT_READ), -3: TLS must write first (WANT_WRITE), -1: something else */
@@ -34,9 +30,9 @@ static PyObject* read_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
     return NULL;
   }
   void* ssl = PyLong_AsVoidPtr(args[0]);
-  ssl_read_fn read = (ssl_read_fn)PyLong_AsVoidPtr(args[1]);
-  ssl_get_error_fn get_error = (ssl_get_error_fn)PyLong_AsVoidPtr(args[2]);
-  err_clear_fn clear_error = (err_clear_fn)PyLong_AsVoidPtr(args[3]);
+  ra_ssl_read_fn read = (ra_ssl_read_fn)PyLong_AsVoidPtr(args[1]);
+  ra_ssl_get_error_fn get_error = (ra_ssl_get_error_fn)PyLong_AsVoidPtr(args[2]);
+  ra_err_clear_error_fn clear_error = (ra_err_clear_error_fn)PyLong_AsVoidPtr(args[3]);
   if (PyErr_Occurred()) return NULL;
   if (ssl == NULL || read == NULL || get_error == NULL || clear_error == NULL) {
     PyErr_SetString(PyExc_ValueError, "read_into needs the SSL object and OpenSSL's functions");
@@ -57,7 +53,7 @@ static PyObject* read_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
       continue;
     }
     const int err = get_error(ssl, n);
-    status = err == WANT_READ ? -2 : err == WANT_WRITE ? -3 : -1;
+    status = err == RA_SSL_ERROR_WANT_READ ? -2 : err == RA_SSL_ERROR_WANT_WRITE ? -3 : -1;
     break;
   }
   Py_END_ALLOW_THREADS

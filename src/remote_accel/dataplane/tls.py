@@ -187,7 +187,7 @@ class TlsTransport(TcpTransport):
         """After the handshake: the SSL object's address, for reads in C (_tls_reads.c) and
         a server's C++ loop; None where Python's `ssl` cannot hand it over (Python's reads)."""
         sslobj = getattr(self._sock, "_sslobj", None)
-        address = None if sslobj is None or _openssl() is None else _ssl_address(sslobj, self._sock.fileno())
+        address = None if sslobj is None else _ssl_address(sslobj, self._sock.fileno())
         if address is None:
             return
         self._native_ssl = sslobj  # used through its address: never freed before this transport

@@ -53,6 +53,6 @@ class Heartbeat:
             if (self.busy or self.native_busy()) and time.monotonic() - self.last_send >= self.interval:
                 try:
                     self.send_pong()
-                except TransportError:  # the client is gone (the transport says so: peer_gone)
+                except TransportError:  # the client is gone (transport.peer_gone) or stopped reading
                     return
                 self.last_send = time.monotonic()

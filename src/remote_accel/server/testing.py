@@ -364,3 +364,11 @@ def make_leaf(folder, name: str, ca: str, san: str) -> tuple[str, str]:
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
             "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=folder)
     return os.path.join(str(folder), f"{name}.crt"), os.path.join(str(folder), f"{name}.key")
+
+
+def local_server_certificate(folder) -> tuple[tuple[str, ...], str]:
+    """A CA and its certificate for a server on this host (127.0.0.1, localhost) in
+    `folder`: (the server's options `--tls-cert C --tls-key K`, the CA a client checks it with)."""
+    ca = make_ca(folder, "ca")
+    cert, key = make_leaf(folder, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+    return ("--tls-cert", cert, "--tls-key", key), ca

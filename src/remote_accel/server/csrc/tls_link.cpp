@@ -12,13 +12,6 @@
 
 namespace remote_accel::server {
 
-namespace {
-// OpenSSL's stable values (ssl.h, err.h)
-constexpr int kErrorSsl = 1, kWantRead = 2, kWantWrite = 3, kErrorSyscall = 5, kZeroReturn = 6;
-constexpr unsigned long kReasonMask = 0x7FFFFF;  // ERR_GET_REASON
-constexpr unsigned long kUnexpectedEof = 294;    // SSL_R_UNEXPECTED_EOF_WHILE_READING
-}  // namespace
-
 TlsLink::TlsLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wire, int64_t poll_ns,
                  int64_t stall_ns, uintptr_t ssl, const SslFunctions& fns)
     : TcpLink(fd, buffer, capacity, wire, poll_ns, stall_ns),
@@ -44,19 +37,18 @@ void TlsLink::close() {
   fd_ = -1;
 }
 
-int64_t TlsLink::failure(int ret, int call_errno) {
-  const int err = fns_.get_error(ssl_, ret);
-  want_write_ = err == kWantWrite;
+int64_t TlsLink::failure(int err, int call_errno) {
+  want_write_ = err == RA_SSL_ERROR_WANT_WRITE;
   switch (err) {
-    case kWantRead:
-    case kWantWrite:
+    case RA_SSL_ERROR_WANT_READ:
+    case RA_SSL_ERROR_WANT_WRITE:
       return -EAGAIN;
-    case kZeroReturn:  // the peer's close_notify
+    case RA_SSL_ERROR_ZERO_RETURN:  // the peer's close_notify
       return 0;
-    case kErrorSyscall:
+    case RA_SSL_ERROR_SYSCALL:
       return call_errno != 0 ? -call_errno : 0;  // no errno: the stream ended
-    case kErrorSsl:  // a peer gone without close_notify is the end of the stream, as Python's
-      return (fns_.peek_error() & kReasonMask) == kUnexpectedEof ? 0 : -EPROTO;
+    case RA_SSL_ERROR_SSL:  // a peer gone without close_notify is the end of the stream, as Python's
+      return (fns_.peek_error() & RA_ERR_REASON_MASK) == RA_SSL_R_UNEXPECTED_EOF_WHILE_READING ? 0 : -EPROTO;
     default:
       return -EPROTO;
   }
@@ -73,7 +65,7 @@ int64_t TlsLink::raw_read(char* dst, size_t cap) {
     want_write_ = false;
     return n;
   }
-  return failure(n, call_errno);
+  return failure(fns_.get_error(ssl_, n), call_errno);
 }
 
 short TlsLink::read_events() const { return want_write_ ? POLLIN | POLLOUT : POLLIN; }
@@ -93,12 +85,12 @@ int TlsLink::raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<
     const int call_errno = errno;
     if (wrote > 0) return 0;  // without SSL_MODE_ENABLE_PARTIAL_WRITE (Python's mode): all of it
     const int err = fns_.get_error(ssl_, wrote);
-    if (err != kWantRead && err != kWantWrite) {
-      const int64_t rc = failure(wrote, call_errno);
+    if (err != RA_SSL_ERROR_WANT_READ && err != RA_SSL_ERROR_WANT_WRITE) {
+      const int64_t rc = failure(err, call_errno);
       return rc < 0 ? static_cast<int>(rc) : -EPIPE;
     }
     if (now_ns() >= deadline_ns) return -ETIMEDOUT;  // the client stopped reading
-    pollfd p{fd_, static_cast<short>(err == kWantWrite ? POLLOUT : POLLIN), 0};
+    pollfd p{fd_, static_cast<short>(err == RA_SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
     fd_lock.unlock();  // the loop's reads go on meanwhile (a retry repeats the same write)
     ::poll(&p, 1, 10);
     fd_lock.lock();

@@ -21,6 +21,10 @@
 
 #include "tcp_link.h"
 
+extern "C" {
+#include "openssl_calls.h"
+}
+
 #include <cstdint>
 #include <vector>
 
@@ -28,12 +32,12 @@ namespace remote_accel::server {
 
 // OpenSSL's functions this link calls, by address.
 struct SslFunctions {
-  int (*read)(void* ssl, void* buf, int num);
-  int (*write)(void* ssl, const void* buf, int num);
-  int (*get_error)(const void* ssl, int ret);
-  int (*set_fd)(void* ssl, int fd);
-  void (*clear_error)();
-  unsigned long (*peek_error)();
+  ra_ssl_read_fn read;
+  ra_ssl_write_fn write;
+  ra_ssl_get_error_fn get_error;
+  ra_ssl_set_fd_fn set_fd;
+  ra_err_clear_error_fn clear_error;
+  ra_err_peek_error_fn peek_error;
 };
 
 class TlsLink : public TcpLink {
@@ -51,9 +55,10 @@ class TlsLink : public TcpLink {
   short read_events() const override;
 
  private:
-  // -errno (0: the peer's end) for a failed call that returned `ret` (errno right after it:
-  // call_errno); -EAGAIN to retry once the socket is readable (or writable: want_write_).
-  int64_t failure(int ret, int call_errno);
+  // -errno (0: the peer's end) for a failed call whose SSL_get_error is `err` (errno right
+  // after the call: call_errno); -EAGAIN to retry once the socket is readable (or
+  // writable: want_write_).
+  int64_t failure(int err, int call_errno);
 
   void* ssl_;
   int python_fd_;
