@@ -16,9 +16,11 @@ lets one thread receive as others send. So the socket is non-blocking, every Ope
 call runs under one short lock, and all waiting (select) happens outside it.
 
 After the handshake the SSL object inside `ssl`'s socket is found (`_ssl_address`, checked):
-reads then take as many records as are there in one call in C (`_tls_reads.c`), and a
-server session hands the object to its C++ receive loop (`native_link`,
-server/csrc/tls_link.h). Where it cannot be found, Python's `ssl` does every read.
+reads then take as many records as are there in one call in C (`_tls_io.c`), records
+travel many to a syscall each way (a write buffer flushed after each message, and
+read-ahead: `openssl_calls.h`, ra_ssl_batch_records), and a server session hands the
+object to its C++ receive loop (`native_link`, server/csrc/tls_link.h). Where it cannot
+be found, Python's `ssl` does every read and write, a record a syscall.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ from . import wire
 from .tcp import TcpListener, TcpTransport
 
 try:
-    from . import _tls_reads
-except ImportError:  # not built: Python's reads, one record a call
-    _tls_reads = None
+    from . import _tls_io
+except ImportError:  # not built: Python's reads and writes, one record a call
+    _tls_io = None
 
-_WOULD_BLOCK = -2  # _tls_reads.read_into: SSL_ERROR_WANT_READ (-3: WANT_WRITE)
+_WOULD_BLOCK = -2  # _tls_io.read_into: SSL_ERROR_WANT_READ (-3: WANT_WRITE)
 #: Pieces of a message smaller than this are joined before encryption: one TLS record
 #: (and one syscall) for a small message instead of one per piece.
 _COALESCE = 64 << 10
@@ -122,7 +124,8 @@ class TlsTransport(TcpTransport):
         self._io = threading.Lock()  # every call into the SSL object
         self._ready = False
         self._ssl_address: Optional[int] = None  # the SSL object's, after the handshake (_found_ssl_object)
-        self._c_reads: Optional[tuple] = None  # _tls_reads.read_into's (SSL*, SSL_read, SSL_get_error, ERR_clear_error)
+        self._c_reads: Optional[tuple] = None  # _tls_io.read_into's (SSL*, SSL_read, SSL_get_error, ERR_clear_error)
+        self._batching: Optional[tuple] = None  # _tls_io.flush's (SSL*, calls) once records are batched
         sock.setblocking(False)
 
     @classmethod
@@ -184,17 +187,21 @@ class TlsTransport(TcpTransport):
             self._found_ssl_object()
 
     def _found_ssl_object(self) -> None:
-        """After the handshake: the SSL object's address, for reads in C (_tls_reads.c) and
-        a server's C++ loop; None where Python's `ssl` cannot hand it over (Python's reads)."""
+        """After the handshake: the SSL object's address, for reads in C and batched records
+        (_tls_io.c) and a server's C++ loop; None where Python's `ssl` cannot hand it over
+        (Python's reads and writes)."""
         sslobj = getattr(self._sock, "_sslobj", None)
         address = None if sslobj is None else _ssl_address(sslobj, self._sock.fileno())
         if address is None:
             return
         self._native_ssl = sslobj  # used through its address: never freed before this transport
         self._ssl_address = address
-        if _tls_reads is not None:
-            read, _, get_error, _, clear_error, _ = _openssl_functions()
+        if _tls_io is not None:
+            read, _, get_error, _, clear_error, _, *batching = _openssl_functions()
             self._c_reads = (address, read, get_error, clear_error)
+            calls = tuple(batching)
+            if _tls_io.batch_records(address, calls):  # under self._io, as _handshake holds it
+                self._batching = (address, calls)
 
     def _hint(self) -> str:
         if self._server_side:
@@ -267,6 +274,21 @@ class TlsTransport(TcpTransport):
                     piece = piece[n:]
                 else:
                     self._wait(read, not read, time.monotonic() + self._stall, "a send")
+        if self._batching is not None:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The write buffer's records out: the message just written ends there."""
+        while True:
+            with self._io:
+                if self._closed:
+                    raise OSError(errno.EBADF, "closed")
+                sent = _tls_io.flush(*self._batching)
+            if sent > 0:
+                return
+            if sent < 0:
+                raise OSError(errno.EPIPE, "TLS write failed")
+            self._wait(False, True, time.monotonic() + self._stall, "a send")
 
     def _wait_readable(self, timeout: Optional[float]) -> None:
         """Wait for the first bytes of a message: raw readability is not enough (a TLS
@@ -303,7 +325,7 @@ class TlsTransport(TcpTransport):
             with self._io:
                 n = -1
                 if self._c_reads is not None and not self._closed:  # many records a call, in C
-                    n = _tls_reads.read_into(*self._c_reads, view)
+                    n = _tls_io.read_into(*self._c_reads, view)
                     if n < -1:
                         n, read = None, n == _WOULD_BLOCK
                 if n == -1:  # without it, or for the peer's end and errors: Python's own call
@@ -330,8 +352,13 @@ class TlsTransport(TcpTransport):
     _read_direct = _read_some
 
 
-#: OpenSSL's functions a server's C++ loop calls (server/csrc/tls_link.h, SslFunctions)
-_SSL_FUNCTIONS = ("SSL_read", "SSL_write", "SSL_get_error", "SSL_set_fd", "ERR_clear_error", "ERR_peek_error")
+#: OpenSSL's functions a server's C++ loop calls (server/csrc/tls_link.h, SslFunctions):
+#: its own six, then those that batch records, in struct ra_ssl_batching's order
+#: (dataplane/openssl_calls.h), which _tls_io.c takes too
+_SSL_FUNCTIONS = ("SSL_read", "SSL_write", "SSL_get_error", "SSL_set_fd", "ERR_clear_error", "ERR_peek_error",
+                  "BIO_f_buffer", "BIO_new", "BIO_free", "BIO_up_ref", "BIO_push", "BIO_ctrl", "BIO_int_ctrl",
+                  "BIO_test_flags", "SSL_get_wbio", "SSL_set0_wbio", "SSL_set_read_ahead",
+                  "SSL_set_default_read_buffer_len", "SSL_free_buffers")
 
 
 @functools.lru_cache(maxsize=None)

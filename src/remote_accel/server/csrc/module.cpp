@@ -13,6 +13,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
 #include <optional>
 #include <unordered_map>
 
@@ -383,7 +384,8 @@ PYBIND11_MODULE(_native, m) {
   py::class_<TlsLink, TcpLink>(m, "TlsLink")
       .def(py::init([wire_params](int fd, uintptr_t buffer, size_t capacity, const py::tuple& w, int64_t poll_ns,
                                   int64_t stall_ns, uintptr_t ssl, const py::tuple& f) {
-             if (f.size() != 6) throw py::value_error("six OpenSSL function addresses");
+             constexpr size_t kBatching = sizeof(ra_ssl_batching) / sizeof(void*);
+             if (f.size() != 6 + kBatching) throw py::value_error("OpenSSL function addresses: tls.py's _SSL_FUNCTIONS");
              SslFunctions fns{};
              fns.read = reinterpret_cast<decltype(fns.read)>(f[0].cast<uintptr_t>());
              fns.write = reinterpret_cast<decltype(fns.write)>(f[1].cast<uintptr_t>());
@@ -391,12 +393,19 @@ PYBIND11_MODULE(_native, m) {
              fns.set_fd = reinterpret_cast<decltype(fns.set_fd)>(f[3].cast<uintptr_t>());
              fns.clear_error = reinterpret_cast<decltype(fns.clear_error)>(f[4].cast<uintptr_t>());
              fns.peek_error = reinterpret_cast<decltype(fns.peek_error)>(f[5].cast<uintptr_t>());
+             void* batching[kBatching];  // struct ra_ssl_batching: function pointers in tls.py's order
+             for (size_t i = 0; i < kBatching; ++i) {
+               batching[i] = reinterpret_cast<void*>(f[6 + i].cast<uintptr_t>());
+               if (batching[i] == nullptr) throw py::value_error("an OpenSSL function's address is 0");
+             }
+             std::memcpy(&fns.batching, batching, sizeof(fns.batching));
              return new TlsLink(fd, buffer, capacity, wire_params(w), poll_ns, stall_ns, ssl, fns);
            }),
            py::arg("fd"), py::arg("buffer"), py::arg("capacity"), py::arg("wire"), py::arg("poll_ns"),
            py::arg("stall_ns"), py::arg("ssl"), py::arg("functions"),
            "TlsTransport.native_link()'s: TcpLink's arguments, then the SSL object's address and the addresses of "
-           "(SSL_read, SSL_write, SSL_get_error, SSL_set_fd, ERR_clear_error, ERR_peek_error).");
+           "(SSL_read, SSL_write, SSL_get_error, SSL_set_fd, ERR_clear_error, ERR_peek_error) and of struct "
+           "ra_ssl_batching's functions (dataplane/tls.py: _SSL_FUNCTIONS).");
   m.def("wire_encode", [wire_params](const py::tuple& w, int type, uint32_t req_id, const py::bytes& meta,
                                      std::optional<uint64_t> payload_len) {
     const shim_wire wire = wire_params(w);

@@ -22,7 +22,9 @@ TlsLink::TlsLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wir
       !fns_.peek_error) {
     throw std::invalid_argument("TlsLink needs the SSL object and every OpenSSL function");
   }
+  ra_ssl_flush(ssl_, &fns_.batching);  // Python flushes after each message: nothing is held
   if (fns_.set_fd(ssl_, fd_) != 1) throw std::runtime_error("SSL_set_fd on the link's socket failed");
+  ra_ssl_batch_records(ssl_, &fns_.batching);  // without it, a record a syscall as before
 }
 
 TlsLink::~TlsLink() { close(); }
@@ -30,7 +32,10 @@ TlsLink::~TlsLink() { close(); }
 void TlsLink::close() {
   std::lock_guard<std::mutex> lock(fd_mu_);
   if (ssl_ != nullptr) {
-    fns_.set_fd(ssl_, python_fd_);  // Python's socket again, as before the link
+    ra_ssl_flush(ssl_, &fns_.batching);  // every reply was flushed: nothing is held
+    if (fns_.set_fd(ssl_, python_fd_) == 1) {  // Python's socket again, as before the link
+      ra_ssl_batch_records(ssl_, &fns_.batching);
+    }
     ssl_ = nullptr;
   }
   if (fd_ >= 0) ::close(fd_);
@@ -83,7 +88,7 @@ int TlsLink::raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<
     errno = 0;
     const int wrote = fns_.write(ssl_, record_.data(), static_cast<int>(record_.size()));
     const int call_errno = errno;
-    if (wrote > 0) return 0;  // without SSL_MODE_ENABLE_PARTIAL_WRITE (Python's mode): all of it
+    if (wrote > 0) return flush(deadline_ns, fd_lock);  // all of it (no SSL_MODE_ENABLE_PARTIAL_WRITE)
     const int err = fns_.get_error(ssl_, wrote);
     if (err != RA_SSL_ERROR_WANT_READ && err != RA_SSL_ERROR_WANT_WRITE) {
       const int64_t rc = failure(err, call_errno);
@@ -92,6 +97,20 @@ int TlsLink::raw_write(iovec* iov, int n, int64_t deadline_ns, std::unique_lock<
     if (now_ns() >= deadline_ns) return -ETIMEDOUT;  // the client stopped reading
     pollfd p{fd_, static_cast<short>(err == RA_SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
     fd_lock.unlock();  // the loop's reads go on meanwhile (a retry repeats the same write)
+    ::poll(&p, 1, 10);
+    fd_lock.lock();
+  }
+}
+
+int TlsLink::flush(int64_t deadline_ns, std::unique_lock<std::mutex>& fd_lock) {
+  for (;;) {
+    if (ssl_ == nullptr) return -EBADF;
+    const int sent = ra_ssl_flush(ssl_, &fns_.batching);
+    if (sent > 0) return 0;
+    if (sent < 0) return -EPIPE;
+    if (now_ns() >= deadline_ns) return -ETIMEDOUT;  // the client stopped reading
+    pollfd p{fd_, POLLOUT, 0};
+    fd_lock.unlock();
     ::poll(&p, 1, 10);
     fd_lock.lock();
   }

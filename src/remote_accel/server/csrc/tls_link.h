@@ -15,7 +15,8 @@
 //
 // The SSL object reads and writes this link's dup of the socket while the link is open
 // (SSL_set_fd), so a close() of Python's socket by another thread never leaves it a reused
-// descriptor; close() points it back at Python's socket. Python keeps the SSL object alive
+// descriptor; close() points it back at Python's socket. Either way it batches records
+// (ra_ssl_batch_records: a write buffer, flushed after each reply, and read-ahead). Python keeps the SSL object alive
 // as long as the transport (TlsTransport._native_ssl).
 #pragma once
 
@@ -38,6 +39,7 @@ struct SslFunctions {
   ra_ssl_set_fd_fn set_fd;
   ra_err_clear_error_fn clear_error;
   ra_err_peek_error_fn peek_error;
+  ra_ssl_batching batching;  // records many to a syscall (openssl_calls.h)
 };
 
 class TlsLink : public TcpLink {
@@ -59,6 +61,9 @@ class TlsLink : public TcpLink {
   // after the call: call_errno); -EAGAIN to retry once the socket is readable (or
   // writable: want_write_).
   int64_t failure(int err, int call_errno);
+  // Sends what the write buffer holds (a reply's records): 0, or -errno (-ETIMEDOUT past
+  // deadline_ns); waits for the socket with fd_lock released, as raw_write does.
+  int flush(int64_t deadline_ns, std::unique_lock<std::mutex>& fd_lock);
 
   void* ssl_;
   int python_fd_;

@@ -1,4 +1,6 @@
-/* TLS reads in C: as many records as are there, in one call without the GIL.
+/* A TLS transport's calls into OpenSSL that Python would make slowly: reads of as many
+ * records as are there, in one call without the GIL; and batching records into fewer
+ * syscalls (openssl_calls.h: ra_ssl_batch_records, ra_ssl_flush).
  *
  * OpenSSL's SSL_read returns one record (at most 16 KiB) per call, and through Python's
  * `ssl` each call costs a few microseconds of Python around it: a fifth to a third of the
@@ -17,6 +19,7 @@
 #include <Python.h>
 
 #include <limits.h>
+#include <string.h>
 #include <stdint.h>
 
 #include "openssl_calls.h"
@@ -61,14 +64,76 @@ static PyObject* read_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return PyLong_FromSsize_t(got > 0 ? got : status);
 }
 
+/* The ra_ssl_batching of a tuple of addresses in its field order; 0 with an exception set. */
+static int batching_of(PyObject* calls, struct ra_ssl_batching* out) {
+  enum { N = sizeof(struct ra_ssl_batching) / sizeof(void*) };
+  if (!PyTuple_Check(calls) || PyTuple_GET_SIZE(calls) != N) {
+    PyErr_Format(PyExc_TypeError, "the batching calls are a tuple of %d addresses", (int)N);
+    return 0;
+  }
+  void* slots[N];
+  for (Py_ssize_t i = 0; i < N; i++) {
+    slots[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(calls, i));
+    if (slots[i] == NULL) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "an OpenSSL function's address is 0");
+      return 0;
+    }
+  }
+  memcpy(out, slots, sizeof(*out)); /* the struct is N function pointers, in this order */
+  return 1;
+}
+
+/* batch_records(ssl, calls) -> True, or False where OpenSSL refused (nothing changed) */
+static PyObject* batch_records(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  struct ra_ssl_batching calls;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "batch_records(ssl, calls)");
+    return NULL;
+  }
+  void* ssl = PyLong_AsVoidPtr(args[0]);
+  if (ssl == NULL || !batching_of(args[1], &calls)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "batch_records needs the SSL object");
+    return NULL;
+  }
+  return PyBool_FromLong(ra_ssl_batch_records(ssl, &calls));
+}
+
+/* flush(ssl, calls) -> 1 sent, 0 the socket is full (wait, then again), -1 an error */
+static PyObject* flush(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  struct ra_ssl_batching calls;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "flush(ssl, calls)");
+    return NULL;
+  }
+  void* ssl = PyLong_AsVoidPtr(args[0]);
+  if (ssl == NULL || !batching_of(args[1], &calls)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "flush needs the SSL object");
+    return NULL;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = ra_ssl_flush(ssl, &calls);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
     {"read_into", (PyCFunction)(void (*)(void))read_into, METH_FASTCALL,
      "read_into(ssl, read, get_error, clear_error, buffer): TLS records into buffer until it is full or "
      "nothing more is there; bytes read, or -2 (would block), -3 (must write first), -1 (anything else: make "
      "Python's own call)."},
+    {"batch_records", (PyCFunction)(void (*)(void))batch_records, METH_FASTCALL,
+     "batch_records(ssl, calls): after the handshake, the SSL object writes through a buffer and reads ahead "
+     "(openssl_calls.h, ra_ssl_batch_records); calls: the addresses of struct ra_ssl_batching's functions, in "
+     "its order. False where OpenSSL refused (nothing changed)."},
+    {"flush", (PyCFunction)(void (*)(void))flush, METH_FASTCALL,
+     "flush(ssl, calls): send what the write buffer holds; 1 sent, 0 the socket is full (wait until it is "
+     "writable, then flush again), -1 an error."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tls_reads", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tls_io", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__tls_reads(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__tls_io(void) { return PyModule_Create(&module); }
