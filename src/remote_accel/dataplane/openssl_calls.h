@@ -55,17 +55,10 @@ struct ra_ssl_batching {
 #define RA_TLS_WRITE_BUFFER (256 * 1024)
 #define RA_TLS_READ_BUFFER (64 * 1024)
 
-/* Batch TLS records into fewer syscalls. OpenSSL writes each record (16 KiB at most) with
- * a write of its own and, without read-ahead, reads each with two (its header, then its
- * body): a bulk transfer over loopback spent more time in the kernel's per-call work than
- * in AES-GCM. Here the SSL object writes through a buffering BIO (RA_TLS_WRITE_BUFFER; a
- * sender flushes it after each message, ra_ssl_flush) and reads ahead into a buffer of
- * RA_TLS_READ_BUFFER: many records a syscall each way. Read-ahead keeps records in
- * OpenSSL's buffer that the socket no longer shows as readable, which is safe where every
- * reader reads until SSL_read wants more before it waits for the socket (ours do).
- * Returns 1, or 0 where a call failed and the object is as it was. After a handshake, with
- * nothing buffered. */
-static inline int ra_ssl_batch_records(void* ssl, const struct ra_ssl_batching* f) {
+/* The SSL object writes through a buffering BIO of RA_TLS_WRITE_BUFFER over its write BIO
+ * (a sender flushes it after each message: ra_ssl_flush). Again after each SSL_set_fd,
+ * which replaces the BIOs. Returns 1, or 0 where a call failed and the object is as it was. */
+static inline int ra_ssl_buffer_writes(void* ssl, const struct ra_ssl_batching* f) {
   void* sock = f->get_wbio(ssl);
   if (sock == NULL) return 0;
   void* buffer = f->bio_new(f->f_buffer());
@@ -78,10 +71,25 @@ static inline int ra_ssl_batch_records(void* ssl, const struct ra_ssl_batching* 
    * drops its own reference as write BIO; it keeps the one as read BIO) */
   f->push(buffer, sock);
   f->set0_wbio(ssl, buffer);
+  return 1;
+}
+
+/* Batch TLS records into fewer syscalls. OpenSSL writes each record (16 KiB at most) with
+ * a write of its own and, without read-ahead, reads each with two (its header, then its
+ * body): a bulk transfer over loopback spent more time in the kernel's per-call work than
+ * in AES-GCM. Here the SSL object writes through a buffer (ra_ssl_buffer_writes) and reads
+ * ahead into a buffer of RA_TLS_READ_BUFFER: many records a syscall each way. Read-ahead
+ * keeps records in OpenSSL's buffer that the socket no longer shows as readable, which is
+ * safe where every reader reads until SSL_read wants more before it waits for the socket
+ * (ours do). Right after the handshake only: its read buffer, freed here so that the next
+ * read makes a larger one, then holds nothing (the handshake read record by record; a
+ * buffer freed with a record half read is CVE-2024-4741 in OpenSSLs before 3.0.14).
+ * Returns 1, or 0 where the write buffer could not be set (reads are batched anyway). */
+static inline int ra_ssl_batch_records(void* ssl, const struct ra_ssl_batching* f) {
   f->set_read_ahead(ssl, 1);
   f->set_default_read_buffer_len(ssl, RA_TLS_READ_BUFFER);
-  f->free_buffers(ssl); /* the handshake's read buffer: the next read makes a larger one */
-  return 1;
+  f->free_buffers(ssl);
+  return ra_ssl_buffer_writes(ssl, f);
 }
 
 /* Sends what the write BIO holds: 1 when all of it left (or nothing was held, or the BIO

@@ -24,7 +24,7 @@ TlsLink::TlsLink(int fd, uintptr_t buffer, size_t capacity, const shim_wire& wir
   }
   ra_ssl_flush(ssl_, &fns_.batching);  // Python flushes after each message: nothing is held
   if (fns_.set_fd(ssl_, fd_) != 1) throw std::runtime_error("SSL_set_fd on the link's socket failed");
-  ra_ssl_batch_records(ssl_, &fns_.batching);  // without it, a record a syscall as before
+  ra_ssl_buffer_writes(ssl_, &fns_.batching);  // set_fd dropped Python's (reads stay batched)
 }
 
 TlsLink::~TlsLink() { close(); }
@@ -34,7 +34,7 @@ void TlsLink::close() {
   if (ssl_ != nullptr) {
     ra_ssl_flush(ssl_, &fns_.batching);  // every reply was flushed: nothing is held
     if (fns_.set_fd(ssl_, python_fd_) == 1) {  // Python's socket again, as before the link
-      ra_ssl_batch_records(ssl_, &fns_.batching);
+      ra_ssl_buffer_writes(ssl_, &fns_.batching);
     }
     ssl_ = nullptr;
   }

@@ -15,8 +15,8 @@
 //
 // The SSL object reads and writes this link's dup of the socket while the link is open
 // (SSL_set_fd), so a close() of Python's socket by another thread never leaves it a reused
-// descriptor; close() points it back at Python's socket. Either way it batches records
-// (ra_ssl_batch_records: a write buffer, flushed after each reply, and read-ahead). Python keeps the SSL object alive
+// descriptor; close() points it back at Python's socket. Either way it writes through a
+// buffer (ra_ssl_buffer_writes, flushed after each reply); reads ahead as Python set it. Python keeps the SSL object alive
 // as long as the transport (TlsTransport._native_ssl).
 #pragma once
 
