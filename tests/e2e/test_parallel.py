@@ -181,9 +181,13 @@ def test_torch_compile_around_and_inside(session):
     x = torch.randn(6, 8).to("remote_accel:0")
     dp = DataParallel(model)
     expected = dp(x).cpu()
-    # compiled around: DataParallel's forward runs eagerly under Dynamo, the same result
-    assert torch.equal(torch.compile(dp)(x).cpu(), expected)
-    assert torch.equal(DataParallel(torch.compile(model), devices=[0])(x).cpu(), expected)
+    # compiled around: DataParallel's forward runs eagerly under Dynamo, the same result.
+    # Close, not bit-equal: a server replays a new graph node by node while Inductor compiles
+    # it, and a call after the compile finished runs Inductor's code, whose fused bias add
+    # may round differently from eager addmm (when is the server's timing)
+    torch.testing.assert_close(torch.compile(dp)(x).cpu(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(DataParallel(torch.compile(model), devices=[0])(x).cpu(), expected,
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [2, 3])
