@@ -131,11 +131,18 @@ for rerun in 1 2 3; do
   for f in $crashed; do echo "=== $f (LeakSanitizer's own failure, not a report)"; cat "$f"; done >&2
   mapfile -t failed < <(sed -nE 's/^(FAILED|ERROR) ([^ ]+)( - .*)?$/\2/p' "$out" | sort -u)
   ((${#failed[@]})) || break
+  # the last rerun without LeakSanitizer: ASan and UBSan still check every access, and a
+  # process whose tracer crashes gets no leak check either way (in one run of CI's whole
+  # command on this VM the same memif client crashed it in all four runs, and in none of
+  # five runs of the same suite alone)
+  leaks=1
+  ((rerun < 3)) || leaks=0
   echo "[sanitize] LeakSanitizer's tracer crashed at a process's exit; running the" \
-    "${#failed[@]} failed test(s) again (rerun $rerun of 3): ${failed[*]}" >&2
+    "${#failed[@]} failed test(s) again (rerun $rerun of 3$( ((leaks)) || echo ", without leak checks")):" \
+    "${failed[*]}" >&2
   mkdir -p "$logs/run-$rerun" && mv $crashed "$logs/run-$rerun/"
   status=0
-  run_pytest "${failed[@]}" || status=$?
+  ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=$leaks" run_pytest "${failed[@]}" || status=$?
 done
 rm -f "$out"
 
