@@ -78,12 +78,15 @@ class ChannelOptions:
         return o
 
 
-def _free_conn(conn, linger_ns: int) -> None:
+def _free_conn(conn, linger_ns: int, closing: threading.Lock) -> None:
     """A transport collected or alive at exit without close(): it closes as a socket would,
     still sending what the peer has not acknowledged for the linger (shim_conn_free
-    alone closes with none, and a script's last messages were lost at exit)."""
-    lib.shim_conn_close(conn, linger_ns)
-    lib.shim_conn_free(conn)
+    alone closes with none, and a script's last messages were lost at exit). `closing`: a
+    close() another thread is still in (at exit) ends before the connection is freed
+    (ASan saw shim_conn_close read a connection this freed)."""
+    with closing:
+        lib.shim_conn_close(conn, linger_ns)
+        lib.shim_conn_free(conn)
 
 
 def _header(type_, flags, n_payloads, req_id, meta_len, payload_total, crc) -> wire.Header:
@@ -120,7 +123,8 @@ class DpdkTransport(Transport):
         self._max_total = limits.max_payload_total
         self._wire = _wire_limits(limits)
         self._linger_ns = int(options.linger * 1e9)
-        self._finalizer = weakref.finalize(self, _free_conn, conn, self._linger_ns)
+        self._closing = threading.Lock()  # held through shim_conn_close: _free_conn waits for it
+        self._finalizer = weakref.finalize(self, _free_conn, conn, self._linger_ns, self._closing)
         info = ffi.new("struct shim_conn_info *")
         lib.shim_conn_info(conn, info)
         mac = ":".join(f"{b:02x}" for b in bytes(ffi.buffer(info.peer_mac, 6)))
@@ -173,7 +177,8 @@ class DpdkTransport(Transport):
             if self._closed:
                 return
             self._closed = True
-        lib.shim_conn_close(self._c, self._linger_ns)
+        with self._closing:
+            lib.shim_conn_close(self._c, self._linger_ns)
         pair = getattr(self, "_pair", None)
         if pair is not None:
             pair.end_closed()
