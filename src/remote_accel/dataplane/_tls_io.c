@@ -83,35 +83,36 @@ static int batching_of(PyObject* calls, struct ra_ssl_batching* out) {
   return 1;
 }
 
+/* The (ssl, calls) arguments of batch_records and flush; 0 with an exception set. */
+static int ssl_and_calls(PyObject* const* args, Py_ssize_t nargs, const char* usage, void** ssl,
+                         struct ra_ssl_batching* calls) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return 0;
+  }
+  *ssl = PyLong_AsVoidPtr(args[0]);
+  if (*ssl == NULL || !batching_of(args[1], calls)) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s needs the SSL object", usage);
+    return 0;
+  }
+  return 1;
+}
+
 /* batch_records(ssl, calls) -> True, or False where OpenSSL refused (nothing changed) */
 static PyObject* batch_records(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
+  void* ssl;
   struct ra_ssl_batching calls;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "batch_records(ssl, calls)");
-    return NULL;
-  }
-  void* ssl = PyLong_AsVoidPtr(args[0]);
-  if (ssl == NULL || !batching_of(args[1], &calls)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "batch_records needs the SSL object");
-    return NULL;
-  }
+  if (!ssl_and_calls(args, nargs, "batch_records(ssl, calls)", &ssl, &calls)) return NULL;
   return PyBool_FromLong(ra_ssl_batch_records(ssl, &calls));
 }
 
 /* flush(ssl, calls) -> 1 sent, 0 the socket is full (wait, then again), -1 an error */
 static PyObject* flush(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
+  void* ssl;
   struct ra_ssl_batching calls;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "flush(ssl, calls)");
-    return NULL;
-  }
-  void* ssl = PyLong_AsVoidPtr(args[0]);
-  if (ssl == NULL || !batching_of(args[1], &calls)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "flush needs the SSL object");
-    return NULL;
-  }
+  if (!ssl_and_calls(args, nargs, "flush(ssl, calls)", &ssl, &calls)) return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = ra_ssl_flush(ssl, &calls);
