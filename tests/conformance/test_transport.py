@@ -68,6 +68,31 @@ def test_one_gib_message(peer):
     assert np.array_equal(out, data)
 
 
+def test_a_large_message_lands_whole_at_any_alignment_and_nowhere_else(peer):
+    """From 4 MiB on, a DPDK receiver copies a message into its buffers with streaming
+    stores (dpdk_shim/chan/chan.c). Buffers starting anywhere within a cache line, with
+    lengths that end mid-line, get every byte, and the bytes either side of them none."""
+    sizes = [1, (1 << 20) + 63, 17, (3 << 20) + 5, 64 * 1000 + 1]
+    line_offsets = [0, 1, 15, 33, 63]
+    payloads = [pattern(n, 20 + i) for i, n in enumerate(sizes)]
+    guard = 4096
+    arena = np.full(sum(sizes) + (guard + 64) * (len(sizes) + 1), 0xA5, np.uint8)
+    base, at, spans = arena.ctypes.data, guard, []
+    for n, offset in zip(sizes, line_offsets):
+        at += (offset - (base + at)) % 64  # this buffer starts `offset` bytes into a line
+        spans.append((at, at + n))
+        at += n + guard
+    peer.transport.send(MsgType.ECHO, b"aligned", payloads, req_id=11)
+    reply = peer.transport.recv(timeout=RECV_TIMEOUT_S,
+                                sink=lambda header, meta, lengths: [arena[a:b] for a, b in spans])
+    assert (reply.meta, reply.req_id) == (b"aligned", 11)
+    outside = np.ones(arena.nbytes, bool)
+    for (a, b), want in zip(spans, payloads):
+        assert_same(arena[a:b], want)
+        outside[a:b] = False
+    assert np.all(arena[outside] == 0xA5), "bytes landed outside the buffers"
+
+
 def _pipelined(transport, sizes: list[int]) -> None:
     """Send all messages while a thread receives, then check order and content."""
     got: queue.Queue = queue.Queue()

@@ -11,6 +11,78 @@
 
 #include "chan/chan.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* A message from this many bytes on is copied into its posted buffers with streaming
+ * (non-temporal) stores. Such a message's destination (a tensor's storage, a .cpu()
+ * result) is far larger than the caches by the time it is whole, so its lines would
+ * only be fetched to be overwritten and then evicted: ordinary stores read every
+ * destination line first. Smaller messages keep ordinary stores: their reader usually
+ * finds them in cache. */
+#define STREAM_MESSAGE_MIN (4u << 20)
+
+#if defined(__x86_64__)
+/* A whole cache line a store where the CPU has AVX-512: a line written in four 16-byte
+ * pieces can leave its write-combining buffer half full when the core is busy elsewhere,
+ * and memory then merges a partial line. Measured on the project's VM, 16 KiB chunks
+ * from a cached frame at a 58-byte offset into a 256 MiB destination: memcpy 9.6-11.3
+ * GB/s, 16-byte streaming stores 13.6-18.6, 64-byte ones 23.5-28.0. */
+__attribute__((target("avx512f"))) static void
+copy_streaming_lines(uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+	for (; n > 0 && ((uintptr_t)dst & 63) != 0; n--)
+		*dst++ = *src++;
+	for (; n >= 64; n -= 64, dst += 64, src += 64)
+		_mm512_stream_si512((void *)dst, _mm512_loadu_si512(src));
+	memcpy(dst, src, n);
+}
+
+/* Every x86-64 has SSE2's 16-byte streaming stores. */
+static void
+copy_streaming_sse2(uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+	for (; n > 0 && ((uintptr_t)dst & 15) != 0; n--)
+		*dst++ = *src++;
+	for (; n >= 64; n -= 64, dst += 64, src += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)src);
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+		__m128i d = _mm_loadu_si128((const __m128i *)(src + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(src + 48));
+
+		_mm_stream_si128((__m128i *)dst, a);
+		_mm_stream_si128((__m128i *)(dst + 16), b);
+		_mm_stream_si128((__m128i *)(dst + 32), d);
+		_mm_stream_si128((__m128i *)(dst + 48), e);
+	}
+	memcpy(dst, src, n);
+}
+#endif
+
+/* memcpy whose stores bypass the caches where the CPU can; the caller fences before
+ * anyone else may read the bytes. */
+static void
+copy_streaming(uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("avx512f"))
+		copy_streaming_lines(dst, src, n);
+	else
+		copy_streaming_sse2(dst, src, n);
+#else
+	memcpy(dst, src, n);
+#endif
+}
+
+static void
+streaming_fence(void)
+{
+#if defined(__x86_64__)
+	_mm_sfence();  /* streaming stores are weakly ordered: make them visible first */
+#endif
+}
+
 /* -- receiving ---------------------------------------------------------------------- */
 static void
 on_data(struct shim_conn *c, const struct frame *f)
@@ -79,6 +151,7 @@ uint64_t
 conn_deliver(struct shim_conn *c)
 {
 	uint64_t done = 0;
+	bool streamed = false;
 
 	while (c->post_left > 0 && c->rcv_consumed != c->rcv_nxt) {
 		struct rx_slot *s = &c->rx[c->rcv_consumed & c->mask];
@@ -98,8 +171,14 @@ conn_deliver(struct shim_conn *c)
 				c->post_off = 0;
 				continue;
 			}
-			if (v->base != NULL)
+			if (v->base == NULL) {
+				/* a discard: nothing to copy */
+			} else if (c->in_len >= STREAM_MESSAGE_MIN) {
+				copy_streaming((uint8_t *)v->base + c->post_off, s->chunk + c->frame_off, k);
+				streamed = true;
+			} else {
 				memcpy((uint8_t *)v->base + c->post_off, s->chunk + c->frame_off, k);
+			}
 			c->post_off += k;
 			c->post_left -= k;
 			c->frame_off += (uint32_t)k;
@@ -120,6 +199,8 @@ conn_deliver(struct shim_conn *c)
 			c->st.rx_messages++;
 		}
 	}
+	if (streamed)
+		streaming_fence();
 	/* Reopen the sender's window before it runs dry. */
 	if (done && c->rcv_consumed + c->window - c->adv_limit >= c->window / 4)
 		c->ack_now = true;
