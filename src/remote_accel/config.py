@@ -10,6 +10,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .errors import ConfigError
+
 ENV_SERVER = "REMOTE_ACCEL_SERVER"
 ENV_TRANSPORT = "REMOTE_ACCEL_TRANSPORT"
 ENV_TOKEN = "REMOTE_ACCEL_TOKEN"
@@ -43,6 +45,7 @@ SETTINGS = {s.name: s for s in (
     Setting("REMOTE_ACCEL_COMPILE_GRAPHS", "1", "server", "compile graphs with Inductor (0: replay them node by node)"),
     Setting("REMOTE_ACCEL_DPDK_DOORBELL", "1", "both", "memif/ring waiters sleep until the peer's next frame"),
     Setting("REMOTE_ACCEL_MEMIF_BSIZE", "16384", "both", "memif buffer size in bytes (one frame per buffer)"),
+    Setting("REMOTE_ACCEL_MEMIF_RING_MB", "64", "client", "memif buffers each way, MiB (shared memory per local client)"),
     Setting("REMOTE_ACCEL_CLIENT_CACHE_MB", "1024", "client (C++)", "free host blocks kept for .cpu() results"),
     Setting("REMOTE_ACCEL_RECOVERY_MEMORY", "", "client", "host memory a session's recovery may keep "
             "(snapshot, journal); default: a quarter of the host's"),
@@ -54,6 +57,14 @@ def setting(name: str) -> str:
     """The variable's value, else its default (a name not in SETTINGS is a bug: KeyError)."""
     default = SETTINGS[name].default
     return os.environ.get(name, default).strip() or default
+
+
+def whole_number(name: str) -> int:
+    """A setting that is a count or a size: a clear error for anything but a whole number >= 0."""
+    value = setting(name)
+    if not value.isdigit():
+        raise ConfigError(f"{name}={value!r}: expected a whole number (default {SETTINGS[name].default})")
+    return int(value)
 
 
 def is_set(name: str) -> bool:

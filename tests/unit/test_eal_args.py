@@ -31,6 +31,21 @@ def test_client_defaults(runtime):
     assert opts["socket"] == str(runtime / "memif.sock") and int(opts["bsize"]) == ea.MEMIF_BSIZE
 
 
+def test_memif_ring_follows_its_setting_within_memifs_bounds(runtime, monkeypatch):
+    """The client's ring is the connection's: 64 MiB of 16 KiB buffers each way by default
+    (4096, memif's 2**12 here), the setting's size otherwise, 256-4096 buffers."""
+    monkeypatch.delenv("REMOTE_ACCEL_MEMIF_RING_MB", raising=False)
+    (_, opts), = ea.vdev_options(ea.default_eal_args("client", hugepages=False)).items()
+    assert int(opts["rsize"]) == 12 and int(opts["bsize"]) == 16384
+    assert ea.memif_rsize(65000) == 10  # 1032 buffers of 64 MiB: a power of two below
+    for mb, rsize in (("16", 10), ("1", 8), ("1024", 12)):
+        monkeypatch.setenv("REMOTE_ACCEL_MEMIF_RING_MB", mb)
+        assert ea.memif_rsize(16384) == rsize
+    monkeypatch.setenv("REMOTE_ACCEL_MEMIF_RING_MB", "lots")
+    with pytest.raises(ConfigError, match="REMOTE_ACCEL_MEMIF_RING_MB"):
+        ea.memif_rsize(16384)
+
+
 def test_server_defaults_one_interface_per_slot(runtime):
     args = ea.default_eal_args("server", hugepages=True, slots=3)
     assert "--in-memory" in args and "--no-huge" not in args
@@ -162,4 +177,3 @@ def test_frame_sizes_from_vdev_arguments():
     frame, room = ea.port_frame_sizes("net_af_packet0", "net_af_packet", args)
     assert frame == 4096 - 96 and room == 4096  # lo's MTU is larger than the frame
     assert ea.port_frame_sizes("0000:01:00.0", "net_ice", args) == (1514, 0)
-    assert ea.memif_rsize(16384) == 10 and ea.memif_rsize(65000) == 8

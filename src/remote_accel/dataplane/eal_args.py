@@ -29,7 +29,7 @@ from . import memif_slots
 #: duplicates frames spread over several buffers). A frame's chunk is bsize less the
 #: FRAME_OVERHEAD of dpdk_shim/wire/wire.h (Ethernet, IPv4, UDP, frame header).
 #: REMOTE_ACCEL_MEMIF_BSIZE overrides it (both ends should agree; they use the smaller).
-MEMIF_BSIZE = int(config.setting("REMOTE_ACCEL_MEMIF_BSIZE"))
+MEMIF_BSIZE = config.whole_number("REMOTE_ACCEL_MEMIF_BSIZE")
 NO_HUGE_MEMORY_MB = 1024
 MIN_FREE_HUGEPAGE_MB = 512
 RING_PAIR_MAX_FRAME = 16384  # same mbuf pool as memif
@@ -38,8 +38,15 @@ _prefix_counter = itertools.count()
 
 
 def memif_rsize(bsize: int) -> int:
-    """log2 of the ring: about 16 MiB of buffers each way, at least 256 of them."""
-    return max(8, min(12, ((16 << 20) // bsize).bit_length() - 1))
+    """log2 of the memif ring: REMOTE_ACCEL_MEMIF_RING_MB of buffers each way, 256-4096
+    buffers. The client's choice is the connection's (a memif server takes the client's
+    ring). Big by default: a slot is written again only after the whole ring went round,
+    so a ring larger than the last-level cache streams through memory at one steady pace.
+    A ring that fits the cache measured fastest while the two processes shared one, and
+    slowest (down to a fifth) while they did not, which moves from run to run on a VM
+    (docs/design/bulk-transfers.md)."""
+    ring_bytes = config.whole_number("REMOTE_ACCEL_MEMIF_RING_MB") << 20
+    return max(8, min(12, (ring_bytes // bsize).bit_length() - 1))
 
 
 def hugepages_free_mb() -> int:
