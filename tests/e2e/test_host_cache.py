@@ -87,6 +87,29 @@ def test_memory_goes_back_beyond_the_limit_and_on_empty_cache(cache):
     assert cache()["cached_bytes"] == 0 and cache()["released"] == released + 3
 
 
+def test_a_full_cache_makes_room_for_the_sizes_in_use(cache):
+    """When the free blocks fill the limit, those freed longest ago go back to the system:
+    a loop whose results changed size (evaluation after training, a longer batch) is
+    served from the cache again after one round, not left missing behind blocks of a
+    size nobody asks for any more."""
+    from remote_accel.pytorch_ext import handles
+
+    handles._C.host_cache_empty(8 * MIB)  # keep at most 8 MiB of free blocks
+    big = data(8 * MIB // 4, 4).to("remote_accel")
+    del [big.cpu()][0]  # an 8 MiB block fills the cache
+    assert cache()["cached_bytes"] == 8 * MIB
+    x = data(2 * MIB // 4, 5).to("remote_accel")
+    start = cache()
+    for _ in range(4):
+        y = x.cpu()  # a 2 MiB block: the cached 8 MiB one is too big to serve it
+        assert torch.equal(y, data(2 * MIB // 4, 5))
+        del y
+    stats = cache()
+    assert stats["misses"] == start["misses"] + 1 and stats["hits"] == start["hits"] + 3
+    assert stats["released"] == start["released"] + 1  # the 8 MiB block, freed longest ago
+    assert stats["cached_bytes"] == 2 * MIB
+
+
 def test_the_cache_turned_off_still_gives_right_results(cache):
     from remote_accel.pytorch_ext import handles
 

@@ -40,6 +40,7 @@ struct Block {
   uint64_t owner;
   size_t nbytes;  // asked by the buffer it backs (0 while cached)
   Cache* cache;
+  uint64_t freed = 0;  // while cached: when it was freed (the cache's count of frees)
 };
 
 struct Stats {
@@ -65,7 +66,9 @@ class Cache {
   // rounding does not fit in `room` (the bytes the owner's limit leaves once `nbytes`
   // are counted) even after its cached blocks are unmapped to make room.
   Block* take(size_t nbytes, uint64_t owner, size_t room = kNoLimit);
-  // A DataPtr deleter: `block` goes back to its cache, or is unmapped.
+  // A DataPtr deleter: `block` goes back to its cache, or is unmapped. Where the budget
+  // is full, the blocks freed longest ago make room for it: a loop's next buffer is the
+  // size it just freed, whatever sizes an earlier phase left behind.
   static void release(void* block);
 
   // Unmaps `owner`'s cached blocks until its extra fits in `room`.
@@ -81,11 +84,18 @@ class Cache {
     size_t slack = 0;   // its live blocks' size less the bytes asked of them
     size_t extra() const { return cached + slack; }
   };
-  bool give(Block* b);
+  using FreeList = std::multimap<size_t, Block*>;  // by size
+
+  bool give(Block* b, std::vector<Block*>& gone);
   void drop_cached(uint64_t owner, size_t room, std::vector<Block*>& gone);  // mu_ held
+  void make_room(size_t size, std::vector<Block*>& gone);                    // mu_ held
+  void recycle_oldest(size_t size, std::vector<Block*>& gone);               // mu_ held
+  FreeList::iterator unlist(FreeList::iterator it);                          // mu_ held
 
   mutable std::mutex mu_;
-  std::multimap<size_t, Block*> free_;
+  FreeList free_;
+  std::map<uint64_t, FreeList::iterator> by_age_;  // the free blocks by Block::freed
+  uint64_t frees_ = 0;
   std::map<uint64_t, Charge> owners_;
   uint64_t last_owner_ = 0;
   size_t cap_;
