@@ -24,11 +24,10 @@
 #define STREAM_MESSAGE_MIN (4u << 20)
 
 #if defined(__x86_64__)
-/* A whole cache line a store where the CPU has AVX-512: a line written in four 16-byte
- * pieces can leave its write-combining buffer half full when the core is busy elsewhere,
- * and memory then merges a partial line. Measured on the project's VM, 16 KiB chunks
- * from a cached frame at a 58-byte offset into a 256 MiB destination: memcpy 9.6-11.3
- * GB/s, 16-byte streaming stores 13.6-18.6, 64-byte ones 23.5-28.0. */
+/* A whole cache line a store where the CPU has AVX-512 (a line written in pieces leaves
+ * its write-combining buffer partly full in between). Measured on the project's VM, 16 KiB
+ * chunks from a cached frame at a 58-byte offset into a 256 MiB destination: memcpy
+ * 9.6-11.3 GB/s, 16-byte streaming stores 13.6-18.6, 64-byte ones 23.5-28.0. */
 __attribute__((target("avx512f"))) static void
 copy_streaming_lines(uint8_t *dst, const uint8_t *src, uint64_t n)
 {

@@ -140,10 +140,7 @@ bool Cache::give(Block* b, std::vector<Block*>& gone) {
 // fit the budget
 void Cache::make_room(size_t size, std::vector<Block*>& gone) {
   while (!by_age_.empty() && cached_ + size > cap_) {
-    Block* oldest = by_age_.begin()->second->second;
-    unlist(by_age_.begin()->second);
-    gone.push_back(oldest);
-    ++released_;
+    push_out_oldest(gone);
   }
 }
 
@@ -158,12 +155,18 @@ void Cache::make_room(size_t size, std::vector<Block*>& gone) {
 void Cache::recycle_oldest(size_t size, std::vector<Block*>& gone) {
   if (size > cap_) return;
   for (size_t recycled = 0; recycled < size && !by_age_.empty() && cached_ + live_ > cap_;) {
-    Block* oldest = by_age_.begin()->second->second;
-    unlist(by_age_.begin()->second);
-    gone.push_back(oldest);
-    recycled += oldest->size;
-    ++released_;
+    recycled += push_out_oldest(gone);
   }
+}
+
+// mu_ held, at least one block free: unlists the one freed longest ago (into `gone`);
+// its size
+size_t Cache::push_out_oldest(std::vector<Block*>& gone) {
+  Block* oldest = by_age_.begin()->second->second;
+  unlist(by_age_.begin()->second);
+  gone.push_back(oldest);
+  ++released_;
+  return oldest->size;
 }
 
 // mu_ held: takes a free block out of the lists and the counts (not unmapped)

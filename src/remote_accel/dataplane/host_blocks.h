@@ -90,6 +90,7 @@ class Cache {
   void drop_cached(uint64_t owner, size_t room, std::vector<Block*>& gone);  // mu_ held
   void make_room(size_t size, std::vector<Block*>& gone);                    // mu_ held
   void recycle_oldest(size_t size, std::vector<Block*>& gone);               // mu_ held
+  size_t push_out_oldest(std::vector<Block*>& gone);                         // mu_ held
   FreeList::iterator unlist(FreeList::iterator it);                          // mu_ held
 
   mutable std::mutex mu_;
