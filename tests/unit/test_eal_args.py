@@ -37,7 +37,7 @@ def test_memif_ring_follows_its_setting_within_memifs_bounds(runtime, monkeypatc
     monkeypatch.delenv("REMOTE_ACCEL_MEMIF_RING_MB", raising=False)
     (_, opts), = ea.vdev_options(ea.default_eal_args("client", hugepages=False)).items()
     assert int(opts["rsize"]) == 12 and int(opts["bsize"]) == 16384
-    assert ea.memif_rsize(65000) == 10  # 1032 buffers of 64 MiB: a power of two below
+    assert ea.memif_rsize(65000) == 10  # 1032 such buffers fit in 64 MiB: 1024, the power of two below
     for mb, rsize in (("16", 10), ("1", 8), ("1024", 12)):
         monkeypatch.setenv("REMOTE_ACCEL_MEMIF_RING_MB", mb)
         assert ea.memif_rsize(16384) == rsize
