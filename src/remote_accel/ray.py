@@ -57,7 +57,7 @@ class _ServerActor:
 
     def __init__(self, device: str, host: str, options: list, num_threads: int):
         from .server import __main__ as cli
-        from .server import ops
+        from .server import heap, ops
         from .server.device import ComputeDevice, parse_device
         from .server.service import Server
 
@@ -65,6 +65,7 @@ class _ServerActor:
 
         if num_threads > 0:
             torch.set_num_threads(num_threads)
+        heap.keep_freed_memory()  # the actor's process is the server's own
         if host.startswith(_HostChoice.PREFIX):
             host = _HostChoice.resolve(host)
         try:

@@ -279,7 +279,7 @@ def main(argv: Optional[list] = None) -> int:
     # torch loads only now, so that --help and bad options answer at once.
     import torch
 
-    from . import auth, ops
+    from . import auth, heap, ops
     from .device import ComputeDevice, parse_device
     from .service import Server
 
@@ -305,6 +305,7 @@ def main(argv: Optional[list] = None) -> int:
     if intra_op_threads is not None:
         torch.set_num_threads(intra_op_threads)  # where torch was loaded before main() (in-process callers)
     bernoulli = _install_cpu_kernels()
+    malloc = heap.keep_freed_memory()
     pool = server.pool.figures()
     # one INFO line a start: what an operator needs to know; the details at DEBUG
     log.info("remote-accel-server %s on %s (%s): %d CPU threads, memory limit per client %d bytes, device memory "
@@ -313,7 +314,7 @@ def main(argv: Optional[list] = None) -> int:
              pool[1], args.max_clients, ",".join(namespaces))
     if not device.accelerator:  # what a CPU server's speed beside its clients depends on, and why
         log.info("CPU threads: %s; between ops they %s", cpu_threads.why(threads_from), cpu_threads.wait_policy())
-    log.debug("token file %s; CPU bernoulli_: %s", token_file, bernoulli)
+    log.debug("token file %s; CPU bernoulli_: %s; %s", token_file, bernoulli, malloc)
     if metrics is not None:
         from .metrics import registry
 

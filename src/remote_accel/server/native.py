@@ -57,3 +57,4 @@ read_small = _native.read_small
 install_cpu_bernoulli = _native.install_cpu_bernoulli
 cpu_bernoulli_installed = _native.cpu_bernoulli_installed
 cpu_bernoulli_ = _native.cpu_bernoulli_  # the kernel itself, installed or not (tests)
+keep_freed_heap = _native.keep_freed_heap

@@ -5,6 +5,7 @@
 #include "codec.h"
 #include "cpu_bernoulli.h"
 #include "fast_loop.h"
+#include "host_malloc.h"
 #include "tcp_link.h"
 #include "tls_link.h"
 
@@ -226,6 +227,8 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release no_gil;
     return cpu_bernoulli_(self, p, std::move(generator));
   }, py::arg("self"), py::arg("p"), py::arg("generator") = py::none());
+  m.def("keep_freed_heap", &keep_freed_heap, py::arg("mmap_below"), py::arg("keep_free"),
+        "Set malloc's mmap and trim thresholds (csrc/host_malloc.h); False where it has none.");
   m.def("set_error_factory", [](py::object factory) {
     delete g_error_factory;
     g_error_factory = new py::object(std::move(factory));
