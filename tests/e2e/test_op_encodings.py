@@ -205,11 +205,12 @@ def test_an_out_of_place_op_travels_as_itself(session):
     defining = _of_type(_queued(session), m.RunOp)
     assert [r.op for r in defining][-2:] == ["aten::mul.Tensor", "aten::add.Tensor"]
     before = session.stats()
-    ys = [x * float(i) + 1.0 for i in range(10)]
+    n = (FIRST_BATCH_ITEMS - 1) // 2  # products and sums that stay in the queue's first batch
+    ys = [x * float(i) + 1.0 for i in range(n)]
     items = _queued(session)
     # and one FREE, last, of the products `x * i` freed after their sums were queued
-    assert [kind for kind, _ in items] == [m.RunPlanned.TYPE] * 20 + [m.FreeStorage.TYPE]
-    assert len(_of_type(items, m.FreeStorage)[0].sids) == 10
+    assert [kind for kind, _ in items] == [m.RunPlanned.TYPE] * (2 * n) + [m.FreeStorage.TYPE]
+    assert len(_of_type(items, m.FreeStorage)[0].sids) == n
     assert session.stats()["alloc_requests"] == before["alloc_requests"]
     cx = x.cpu()
     for i, y in enumerate(ys):
@@ -500,11 +501,18 @@ def test_after_a_sync_point_batches_start_small_and_double(session):
         assert x.sum().item() == 1101 * 4.0
     finally:
         del queue.take
-    expected, limit, left = [], FIRST_BATCH_ITEMS, 1000  # the batches the add_ calls fill
-    while left >= limit:
-        expected.append(limit)
-        left, limit = left - limit, min(2 * limit, MAX_BATCH_ITEMS)
-    assert sizes[:len(expected)] == expected, sizes
-    assert sizes[len(expected):first_round] == [left + 1]  # the rest and the sum, with the READ
-    assert sizes[first_round:] == [FIRST_BATCH_ITEMS, 2 * FIRST_BATCH_ITEMS,
-                                   100 - 3 * FIRST_BATCH_ITEMS + 1], sizes  # started over
+    first = _slow_start(1000)
+    assert sizes[:first_round] == first, sizes
+    assert len(first) > 3  # the 1000 calls did reach the doubled lengths
+    assert sizes[first_round:] == _slow_start(100), sizes  # started over
+
+
+def _slow_start(ops: int) -> list:
+    """The C++ queue's takes for `ops` queued ops and a sync point's READ: full batches
+    from FIRST_BATCH_ITEMS on, each twice the last (up to MAX_BATCH_ITEMS), then the rest
+    with the sum that the READ reads."""
+    takes, limit = [], FIRST_BATCH_ITEMS
+    while ops >= limit:
+        takes.append(limit)
+        ops, limit = ops - limit, min(2 * limit, MAX_BATCH_ITEMS)
+    return takes + [ops + 1]
