@@ -3,6 +3,7 @@ glibc's own chunk headers in processes of their own, and in a real server's log.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,8 +51,6 @@ _PROBE = textwrap.dedent("""
 
 
 def _probe(setting: str, env: dict | None = None) -> dict:
-    import json
-
     environ = {k: v for k, v in os.environ.items() if k not in heap.GLIBC_VARIABLES and k != heap.GLIBC_TUNABLES}
     done = subprocess.run([sys.executable, "-c", _PROBE, setting], env={**environ, **(env or {})},
                           capture_output=True, text=True, timeout=120)
