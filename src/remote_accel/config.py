@@ -30,9 +30,11 @@ class Setting:
 
 
 SETTINGS = {s.name: s for s in (
-    Setting(ENV_SERVER, "", "client", "init()'s server (host:port); with autoload, names a server to connect to"),
+    Setting(ENV_SERVER, "", "client", "init()'s server (host:port, or several comma-separated: remote_accel:0, 1, "
+                                      "...); with autoload, names the server(s) to connect to"),
     Setting(ENV_TRANSPORT, "auto", "client", "init()'s transport: dpdk, tcp or auto"),
-    Setting(ENV_TOKEN, "", "client", "init()'s token; else the token file a local server wrote"),
+    Setting(ENV_TOKEN, "", "client", "init()'s token (one per server, comma-separated, for several); else the "
+                                     "token file a local server wrote"),
     Setting(ENV_EAL_ARGS, "", "client", "init()'s DPDK EAL arguments (split as a shell would)"),
     Setting(ENV_RUNTIME_DIR, "", "both", "folder of the memif socket and the token file "
                                          "(default $XDG_RUNTIME_DIR/remote_accel-UID or /tmp/...)"),

@@ -102,6 +102,29 @@ def copy_refusal(copy) -> Optional[str]:
     return None
 
 
+#: Process groups (server/collectives.py): rank r's server takes connections from the
+#: other ranks' servers under a key its own token gives for (group, r), never the token.
+#: Rank r's client derives it and shares it with the group through torch's store, as
+#: torch.distributed shares everything else there: whoever holds it may deliver data for
+#: rank r of that one group, and nothing else.
+GROUP_LABEL = b"remote_accel/4 group key\0"
+
+
+def group_key(token: str, group: bytes, rank: int) -> str:
+    """The key of rank `rank` of process group `group` on the server holding `token`."""
+    return _hmac(token, GROUP_LABEL + group + rank.to_bytes(4, "big")).hex()
+
+
+def group_refusal(group) -> Optional[str]:
+    """Why a server refuses a HELLO's group terms (group, source rank, rank here) from the
+    peer; None for terms it may check the key of."""
+    if (type(group) is not tuple or len(group) != 3 or type(group[0]) is not bytes
+            or len(group[0]) != m.GROUP_ID_BYTES or any(type(r) is not int or not 0 <= r < 1 << 20
+                                                        for r in group[1:])):
+        return "a group connection is named by (group, source rank, rank)"
+    return None
+
+
 #: A source server keeps its connection to a destination for later copies (server/peer.py).
 #: Each later copy proves its key over the connection's binding, the WELCOME proof its
 #: handshake ended with (fresh nonces of both sides): the key itself never crosses the
@@ -142,13 +165,15 @@ def _hmac(token: str, data: bytes) -> bytes:
 
 
 def client_handshake(transport: Transport, token: str, client: str, timeout: float, copy=None,
-                     server: str = "") -> m.Welcome:
+                     server: str = "", group=None) -> m.Welcome:
     """Authenticate to the server at the other end of `transport`, and it to us.
 
     copy: (ticket, nbytes, expires) of the one copy a source server comes to write;
     `token` is then that copy's key (copy_key).
     server: "HOST:PORT" of the server meant, for a transport that may reach another
     (DPDK): one that listens elsewhere refuses, ConfigError with kind "wrong_server".
+    group: (group, source rank, destination rank) of a server that carries a process
+    group's data; `token` is then the destination rank's group key (group_key).
 
     Returns its WELCOME. Raises AuthError (no token, the server refused ours, or the
     peer could not prove it holds the token), ProtocolError (the peer does not speak
@@ -160,7 +185,7 @@ def client_handshake(transport: Transport, token: str, client: str, timeout: flo
                         "server's user on its host (the token file is found by itself)")
     deadline = time.monotonic() + timeout
     nonce = new_nonce()
-    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce, copy, server)))
+    transport.send(m.Hello.TYPE, m.encode(m.Hello(client, WIRE_VERSION, nonce, copy, server, group)))
     challenge = _expect(transport, m.Challenge, deadline, timeout)
     if not valid_nonce(challenge.nonce) or challenge.nonce == nonce:
         raise ProtocolError(f"{transport.peer} sent a bad challenge (a nonce of {len(challenge.nonce)} bytes, "

@@ -47,6 +47,11 @@ class Hello:
     # "HOST:PORT" the client was told to reach, or "": a DPDK port reaches whichever server
     # is behind it, and one that listens elsewhere refuses (kind "wrong_server")
     server: str = ""
+    # A server that carries a process group's data to this one: (group, its rank, the
+    # rank here), and the handshake runs under the group key of the rank here instead of
+    # the token (handshake.group_key): the connection may deliver that rank's data, and
+    # nothing else (server/collectives.py)
+    group: Any = None
 
 
 @_message(MsgType.CHALLENGE)
@@ -370,6 +375,79 @@ class PeerWrite:
 @_message(MsgType.PEER_DONE)
 class PeerDone:
     nbytes: int
+
+
+# -- collectives of a torch.distributed process group (server/collectives.py) ----------------------
+# Each rank's client joins its server to the group (CollJoin) and queues collectives like
+# ops (Collective); the servers move the data among themselves, each over a connection of
+# its own to each peer, authenticated under the destination rank's group key.
+GROUP_ID_BYTES = 16
+#: lanes of a group's data: its collectives (every rank in the same order) and its
+#: point-to-point messages (numbered per pair of ranks)
+LANE_COLLECTIVE = 0
+LANE_P2P = 1
+
+
+@_message(MsgType.COLL_JOIN)
+class CollJoin:
+    """One-way, in order with the ops: this session is rank `rank` of `size` in process
+    group `group` (fresh random bytes from the group's rank 0, shared through torch's
+    store). `peers[r]` = (address, key, tls_ca) of rank r's server: its "host:port" TCP
+    listener, the group key that server derives from its token for (group, r)
+    (handshake.group_key), and the PEM text of the CA its TLS certificate is checked by
+    (None: plain TCP). `timeout`: seconds a collective may wait for the other ranks (the
+    group's timeout); `silence`: seconds a peer server may stay silent before it counts
+    as dead or frozen."""
+
+    group: bytes
+    rank: int
+    size: int
+    peers: tuple
+    timeout: float
+    silence: float
+
+
+@_message(MsgType.COLLECTIVE)
+class Collective:
+    """One-way, in order with the ops: collective `kind` ("all_reduce", "broadcast",
+    "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
+    "barrier", "send", "recv") number `seq` of the group, over tensor references:
+    `tensors` are the inputs (and the results of the in-place kinds), `outputs` the
+    results of the others. `op` names the reduction ("sum", "avg", "product", "min",
+    "max", "band", "bor", "bxor"; "" where none), `root` the root rank, or the peer of
+    send and recv. `params`: what a kind needs besides (all_to_all's split sizes)."""
+
+    group: bytes
+    seq: int
+    kind: str
+    op: str
+    tensors: tuple
+    outputs: tuple
+    root: int = 0
+    params: Any = None
+
+
+@_message(MsgType.COLL_DATA)
+class CollData:
+    """Server to server, on a group connection, followed by one payload of `nbytes`
+    bytes: part `step` of the sender's collective `seq` in `lane` (LANE_COLLECTIVE or
+    LANE_P2P). `signature` = (kind, op, dtype, elements) of the sender's collective: the
+    receiver compares it with its own, so that ranks that disagree fail saying how,
+    instead of reducing mismatched bytes."""
+
+    lane: int
+    seq: int
+    step: int
+    nbytes: int
+    signature: tuple
+
+
+@_message(MsgType.COLL_ABORT)
+class CollAbort:
+    """Server to server: the sender's rank cannot go on with the group (`reason`); every
+    collective of the group, now and later, fails with it."""
+
+    reason: str
 
 
 # -- encoding -------------------------------------------------------------------------------

@@ -84,6 +84,13 @@ class MsgType(enum.IntEnum):
     PEER_SEND = 81
     PEER_WRITE = 82
     PEER_DONE = 83
+    # collectives of a torch.distributed process group (server/collectives.py): a client
+    # joins its rank's server to a group and queues collectives like ops; servers move
+    # the data among themselves (COLL_DATA, COLL_ABORT on their own connections)
+    COLL_JOIN = 96
+    COLLECTIVE = 97
+    COLL_DATA = 98
+    COLL_ABORT = 99
 
 
 KNOWN_TYPES = frozenset(int(t) for t in MsgType)

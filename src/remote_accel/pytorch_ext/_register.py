@@ -45,6 +45,10 @@ def register_device() -> None:
         from .compile import register_backend
 
         register_backend()
+        if torch.distributed.is_available():
+            from . import process_group
+
+            process_group.register()  # torch.distributed's backend for the device: raccl
         _start_autograd_device_threads(native)
         _done = True
 

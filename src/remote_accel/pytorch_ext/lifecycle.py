@@ -55,7 +55,9 @@ def init(
 
     transport: "dpdk", "tcp" or "auto" (default: $REMOTE_ACCEL_TRANSPORT, else "auto").
     port: the DPDK port id (0: the default memif port to a server on this host).
-    server: "host:port" of a TCP server (default: $REMOTE_ACCEL_SERVER, else 127.0.0.1:18515).
+    server: "host:port" of a TCP server (default: $REMOTE_ACCEL_SERVER, else 127.0.0.1:18515);
+      several, comma-separated, are the same as `servers` (and $REMOTE_ACCEL_TOKEN may
+      then list one token per server, comma-separated).
     servers: several "host:port" servers, which become remote_accel:0, remote_accel:1, ...;
       or a server pool (`remote_accel.ray.ServerPool`, anything with addresses() and
       tokens()), whose servers are then reached over TCP with their own tokens.
@@ -112,10 +114,14 @@ def init(
     else:
         pool = None
     if servers is None:
-        env_server = config.setting(config.ENV_SERVER)
-        servers = [server or env_server] if (server or env_server) else [None]
+        # "host:port" or several, comma-separated: remote_accel:0, remote_accel:1, ... (every
+        # rank of a torchrun job sees them all, as every CUDA process sees every GPU)
+        named = server or config.setting(config.ENV_SERVER)
+        servers = [s.strip() for s in named.split(",")] if named else [None]
+        if tokens is None and token is None and len(servers) > 1 and "," in config.setting(config.ENV_TOKEN):
+            tokens = [t.strip() for t in config.setting(config.ENV_TOKEN).split(",")]
     elif isinstance(servers, str):
-        servers = [servers]
+        servers = [s.strip() for s in servers.split(",")]
     if timeout <= 0:
         raise ConfigError("timeout must be positive")
     if recovery_timeout <= 0:

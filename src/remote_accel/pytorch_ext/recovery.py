@@ -135,6 +135,7 @@ class Journal:
         self.graphs: dict[int, bytes] = {}  # graph id -> the encoded RunGraph with its nodes
         self.definition_bytes = 0
         self.copies_in = False  # a direct copy from another server came in since the snapshot
+        self.in_group = False  # the session is a rank of a torch.distributed process group
         self.broken: Optional[str] = None  # why the state is not kept now (recovery off till a snapshot)
         self.last_snapshot = time.monotonic()
         self.snapshot_cost = 0.0
@@ -157,7 +158,7 @@ class Journal:
 
     def record(self, messages) -> None:
         """The session's one-way requests, as they leave (Session._transmit)."""
-        if self.broken is not None:
+        if self.broken is not None or self.in_group:
             return
         entries = self.entries
         for msg_type, meta, payloads, req_id in messages:
@@ -219,6 +220,12 @@ class Journal:
         self.broken = why
         self._forget_entries()
 
+    def joined_group(self) -> None:
+        """The session became a rank of a process group: nothing is kept from now on."""
+        self.in_group = True
+        self.snapshot = Snapshot()
+        self._forget_entries()
+
     def _forget_entries(self) -> None:
         self.entries, self.entry_bytes, self.synced = [], 0, 0
         self._borrowed, self._lent = [], {}
@@ -240,6 +247,8 @@ class Journal:
     def snapshot_due(self, now: float, live_bytes: int) -> bool:
         """Whether to take a snapshot at this sync point; `live_bytes`: what the session
         holds on the server now (the next snapshot's size)."""
+        if self.in_group:
+            return False  # nothing to rebuild a group's rank from
         if self._borrowed and self.changed_uploads():
             return True  # the journal no longer holds what was uploaded: keep the server's state now
         afforded = now - self.last_snapshot >= self.snapshot_cost / SNAPSHOT_SHARE
@@ -275,6 +284,10 @@ class Journal:
         self.snapshots += 1
 
     def unrecoverable(self) -> Optional[str]:
+        if self.in_group:
+            return ("the session is a rank of a torch.distributed process group, whose state lives on every rank's "
+                    "server: the group cannot be rebuilt, so every rank fails (torchrun --max-restarts restarts the "
+                    "job from its checkpoint)")
         if self.broken is not None:
             return self.broken
         if self.copies_in:

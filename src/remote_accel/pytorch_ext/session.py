@@ -95,7 +95,7 @@ class Session:
         # then has nothing to wait for and no error to hear about (None: ask the server)
         self._settled: Optional[int] = None
         self.counters = {"batches": 0, "ops": 0, "graphs": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0,
-                         "peer_copies": 0, "peer_bytes": 0}
+                         "peer_copies": 0, "peer_bytes": 0, "collectives": 0}
         #: "host:port" other servers reach this one at (TCP or TLS), and its token: set by
         #: init() for direct server-to-server copies (None: copies to it go through this client)
         self.peer_address: Optional[str] = None
@@ -370,6 +370,18 @@ class Session:
         key = handshake.copy_key(dest.token, ticket, nbytes, expires)  # dest's token stays here
         self._queue_message(m.PeerSend(ticket, sid, offset, nbytes, dest.peer_address, key, expires,
                                        dest.peer_tls_ca))
+
+    def join_group(self, msg: m.CollJoin) -> None:
+        """Make this session's server rank msg.rank of a process group (process_group.py).
+        Recovery stops for good: the group's state lives on every rank's server."""
+        if self._journal is not None:
+            self._journal.joined_group()
+        self._queue_message(msg)
+
+    def collective(self, msg: m.Collective) -> None:
+        """Queue a collective of a group this session joined: one-way, as an op."""
+        self.counters["collectives"] += 1
+        self._queue_message(msg)
 
     def _queue_message(self, msg) -> None:
         """`msg`, a one-way message that cannot go inside a Batch, after the queued batch.

@@ -85,8 +85,8 @@ def handshake(session: Guest) -> bool:
         return _refuse(session, req_id, failure.WRONG_SERVER,
                        f"this server is not {hello.server}: it listens on {', '.join(listens)}")
     key = server.token
-    if hello.copy is not None:
-        key, why = _copy_key(session, hello.copy)
+    if hello.copy is not None or hello.group is not None:
+        key, why = _copy_key(session, hello.copy) if hello.copy is not None else _group_key(session, hello.group)
         if key is None:
             log.warning("refused %s (%s): %s", transport.peer, session.client, why)
             return _refuse(session, req_id, failure.AUTH, why)
@@ -124,6 +124,17 @@ def _copy_key(session: Guest, copy) -> tuple:
         return None, "this copy was written already (a replayed key)"
     session.copy_grant = copy
     return hs.copy_key(session.server.token, *copy), None
+
+
+def _group_key(session: Guest, group) -> tuple:
+    """(the key a peer server must prove it holds, None) for a HELLO that names a process
+    group's connection (group, source rank, rank here), or (None, why it is refused).
+    The session may then only deliver that rank's data (server/collectives.py)."""
+    why = hs.group_refusal(group)
+    if why is not None:
+        return None, f"HELLO.group: {why}"
+    session.group_grant = group
+    return hs.group_key(session.server.token, group[0], group[2]), None
 
 
 def _receive(session: Guest, cls, deadline: float) -> Optional[tuple]:

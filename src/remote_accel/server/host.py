@@ -13,6 +13,7 @@ from typing import Optional, Protocol
 from ..dataplane.transport import Transport
 from .device import ComputeDevice
 from .graphs import GraphCompiler
+from .groups import Groups
 
 
 class Host(Protocol):
@@ -24,6 +25,7 @@ class Host(Protocol):
     max_clients: int
     heartbeat_timeout: float
     graphs: GraphCompiler  # compiled graphs, shared by every session
+    groups: "Groups"  # process groups' members on this server (groups.py)
     stopping: bool
 
     def admit(self, session: Guest) -> bool:
@@ -56,3 +58,4 @@ class Guest(Protocol):
     admitted: bool
     copy_grant: Optional[tuple]  # a source server's session: the copy it may write now
     copy_binding: bytes  # its WELCOME proof, over which later copies prove their keys
+    group_grant: Optional[tuple]  # a peer server's process-group connection: (group, its rank, rank here)

@@ -26,7 +26,7 @@ from ..dataplane import messages as m
 from ..dataplane.transport import Discard, default_sink
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError
-from . import native, peer
+from . import groups, native, peer
 from .failure import Failure, oom
 from .placement import Desync, WriteTarget, batch_writes, scanned_writes
 from .storage import host_bytes
@@ -64,6 +64,13 @@ class Receiving:
             return self._discard(lengths)
 
     def _place(self, header, meta: bytes, lengths: list) -> list:
+        if self.group_grant is not None:  # a peer server's process-group connection
+            try:
+                msg, plan, buffers = groups.place_link_message(self, header, meta, lengths)
+            except ProtocolError as exc:
+                raise Desync(f"group connection: {exc}") from None
+            self._stash = (header.type, msg, plan)
+            return buffers
         if self.copy_grant is not None and header.type != MsgType.PEER_WRITE:
             if lengths:  # a source server's session writes its one copy and nothing else
                 raise Desync(f"a copy connection sent a {type_name(header.type)} with payloads")

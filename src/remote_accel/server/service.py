@@ -22,6 +22,7 @@ from .counters import Totals
 from .device import ComputeDevice
 from .failure import EXIT_DEVICE_LOST
 from .graphs import GraphCompiler
+from .groups import Groups
 from .peer import PeerCopies
 from .session import HELLO_TIMEOUT_S, Session
 from .swap import make_pool, server_figures
@@ -59,6 +60,7 @@ class Server:
         self.heartbeat_timeout = heartbeat_timeout
         self.graphs = GraphCompiler(device)  # compiled RunGraph graphs, shared by every session
         self.peer_copies = PeerCopies(tls_identity)  # copies to and from other servers (server-to-server)
+        self.groups = Groups(tls_identity)  # process groups' members and their connections
         self.stopping = False
         # The error that made the device unusable; kept so that the tensors its frames
         # hold are never freed (freeing on a lost CUDA context aborts the process).
@@ -165,7 +167,7 @@ class Server:
         with self._lock:
             if self.stopping:
                 return False
-            if session.copy_grant is not None:
+            if session.copy_grant is not None or session.group_grant is not None:
                 return True
             if len(self._admitted) >= self.max_clients:
                 return False
@@ -200,6 +202,7 @@ class Server:
             **server_figures(self.pool),
             **self.graphs.stats(),
             **self.peer_copies.stats(),
+            **self.groups.stats(),
         }
 
     def snapshot(self) -> tuple[list, Totals, list]:

@@ -29,7 +29,7 @@ from ..dataplane import messages as m
 from ..dataplane.transport import Message, Transport
 from ..dataplane.wire import MsgType, type_name
 from ..errors import ProtocolError, TransportError, TransportTimeout
-from . import auth, failure, native, peer, profiling, swap
+from . import auth, collectives, failure, groups, native, peer, profiling, swap
 from .counters import SessionCounters
 from .events import SessionEvents
 from .executor import Executor
@@ -77,6 +77,10 @@ class Session(Receiving):
         # own key over copy_binding (the WELCOME proof of this connection), and nothing else
         self.copy_grant: Optional[tuple] = None
         self.copy_binding = b""
+        # (group, source rank, rank here): a peer server's connection that delivers one
+        # rank's process-group data (server/groups.py), and nothing else
+        self.group_grant: Optional[tuple] = None
+        self.members: dict = {}  # process groups this client's rank joined: group id -> groups.Member
         self.slot = -1  # the server's client number for metrics, recycled (set when admitted)
         self.counters = SessionCounters()
         self.table = StorageTable(self.device, server.session_limit, server.pool)
@@ -99,7 +103,8 @@ class Session(Receiving):
             MsgType.EMPTY_CACHE: self._on_empty_cache, MsgType.EVENT: self._on_event, MsgType.ECHO: self._on_echo, MsgType.SINK: self._on_sink,
             MsgType.PEER_RECEIVE: self._on_peer, MsgType.PEER_SEND: self._on_peer,
             MsgType.PEER_WRITE: self._on_peer_write, MsgType.STATE: self._on_state, MsgType.DEFINE: self._on_define,
-            MsgType.PROFILE: self._on_profile,
+            MsgType.PROFILE: self._on_profile, MsgType.COLL_JOIN: self._on_join,
+            MsgType.COLLECTIVE: self._on_collective,
         }
         self.profiler: Optional[profiling.SessionProfiler] = None
 
@@ -184,8 +189,9 @@ class Session(Receiving):
         """The C++ receive loop (csrc/fast_loop.h) for a DPDK, TCP or TLS connection; None
         for a transport that cannot hand its connection over (native_link), or with
         REMOTE_ACCEL_SERVER_FAST_LOOP=0 (every message through Python)."""
-        if not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP") or self.copy_grant is not None:
-            return None  # a copy session's one message goes through Python's checks
+        if (not config.enabled("REMOTE_ACCEL_SERVER_FAST_LOOP") or self.copy_grant is not None
+                or self.group_grant is not None):
+            return None  # a copy or group connection's messages go through Python's checks
         described = self.transport.native_link()
         if described is None:
             return None
@@ -241,6 +247,10 @@ class Session(Receiving):
 
     def _release(self, reason: str) -> None:
         self.heartbeat.stop()
+        if self.members:
+            self.server.groups.leave(self, f"rank's session ended: {reason}", failed=reason != "goodbye")
+        if self.group_grant is not None:
+            groups.link_ended(self, reason)
         if self.profiler is not None:
             self.profiler.close()
         self.server.exit_if_device_lost()  # freeing tensors of a lost device can abort the process
@@ -279,6 +289,8 @@ class Session(Receiving):
             kind = request.kind if isinstance(request, failure.Failure) else failure.PROTOCOL
             self._send(m.ErrorReply(kind, failure.clip(str(request), _MAX_MESSAGE_TEXT), ""), msg.req_id)
             return True
+        if self.group_grant is not None:
+            return groups.on_link_message(self, msg.type, request, plan)
         handler = self._handlers.get(msg.type)
         if self.copy_grant is not None and msg.type not in COPY_SESSION_TYPES:
             handler = None  # a source server's session writes its copy, and nothing else
@@ -612,6 +624,31 @@ class Session(Receiving):
             self._send(self._error_reply(exc), msg.req_id)
             return
         self._send(reply, msg.req_id)
+
+    def _on_join(self, request: m.CollJoin, msg: Message, plan) -> None:
+        """This client's rank joins a process group: one-way, its error kept for the next sync."""
+        try:
+            self.members[request.group] = self.server.groups.join(self, request)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _on_collective(self, request: m.Collective, msg: Message, plan) -> None:
+        """A collective, in order with the ops (server/collectives.py): one-way, its error
+        kept for the next sync."""
+        touched: list = []
+        mark = self.table.native.pin_mark()  # its storages stay on the device while it runs
+        try:
+            member = self.members.get(request.group)
+            if member is None:
+                raise ProtocolError("a collective of a process group this session did not join")
+            decode = self.executor.decode
+            collectives.run(member, request, [decode(t, touched) for t in request.tensors],
+                            [decode(t, touched) for t in request.outputs])
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self.table.native.unpin(mark)
+        self.table.resync(touched)
 
     def _on_ping(self, request: m.Ping, msg: Message, plan) -> None:
         self._send(m.Pong(request.nonce), msg.req_id)
