@@ -23,15 +23,17 @@ at its first collective on a remote_accel tensor (as NCCL makes its communicator
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
+import textwrap
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
-from torch.distributed import ReduceOp
+from torch.distributed import ReduceOp, device_mesh
 
 from ..dataplane import codec
 from ..dataplane import handshake
@@ -57,6 +59,33 @@ def register() -> None:
     """Make raccl torch's backend for remote_accel tensors (once per process)."""
     if NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(NAME, ProcessGroupRaccl.create, devices=[DEVICE])
+        _let_device_mesh_take_the_device()
+
+
+#: init_device_mesh's test of a device type name, which "remote_accel" fails for its
+#: underscore, and the same test with underscores allowed
+_NAME_TEST = "not device_type.isalpha()"
+_NAME_TEST_WITH_UNDERSCORE = "not device_type.replace('_', '').isalpha()"
+
+
+def _let_device_mesh_take_the_device() -> None:
+    """torch's init_device_mesh (behind FSDP2's fully_shard, DTensor, DCP) takes only
+    device types made of letters, "to catch a device with an index" ("cuda:0"), and so
+    refuses "remote_accel". Its code is recompiled with that one test allowing
+    underscores, in place, so that every module that imported the function gets it.
+    Where the test reads otherwise (a torch that changed it), nothing is touched."""
+    function = getattr(device_mesh, "init_device_mesh", None)
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return
+    if source.count(_NAME_TEST) != 1 or function.__closure__:
+        return
+    compiled: dict = {}
+    padded = "\n" * (function.__code__.co_firstlineno - 1) + source  # tracebacks keep torch's line numbers
+    exec(compile(padded.replace(_NAME_TEST, _NAME_TEST_WITH_UNDERSCORE), inspect.getsourcefile(function), "exec"),
+         function.__globals__, compiled)
+    function.__code__ = compiled[function.__name__].__code__
 
 
 def _op_name(op) -> str:
@@ -126,8 +155,18 @@ class ProcessGroupRaccl(dist.ProcessGroup):
         self._coalescing: Optional[list] = None  # queued send/recv of a batch, sends first at its end
 
     # -- what torch asks of a process group ---------------------------------------------------------
+    #: torch asks a device's backend whether it splits groups (init_process_group(device_id=...))
+    supports_splitting = False
+
     def getBackendName(self) -> str:
         return NAME
+
+    def _get_backend(self, device):
+        """The backend of a device type: gloo's for CPU, this group (written in Python,
+        where torch's own backends are C++ objects) for remote_accel."""
+        if torch.device(device).type == DEVICE:
+            return self
+        return super()._get_backend(torch.device(device))
 
     def name(self) -> str:
         return NAME
