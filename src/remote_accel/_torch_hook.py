@@ -17,10 +17,9 @@ the autoload sets the device up itself.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
-import sys
+
+from ._import_hooks import after_import
 
 log = logging.getLogger("remote_accel")
 
@@ -38,12 +37,7 @@ def skipped() -> bool:
 
 
 def install() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if not getattr(getattr(torch, "__spec__", None), "_initializing", False):
-            _register()
-    elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterTorch())
+    after_import("torch", _register)
 
 
 def _register() -> None:
@@ -58,24 +52,3 @@ def _register() -> None:
         device.register_device()
     except Exception as exc:  # never break the user's `import torch`; init() tries again and raises
         log.debug("remote_accel device not registered at import: %s", exc, exc_info=True)
-
-
-class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps torch's own loader so that the device is registered
-    once torch's module has run."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)  # once; and find_spec below must not come back here
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _register()
-
-        spec.loader.exec_module = exec_module
-        return spec

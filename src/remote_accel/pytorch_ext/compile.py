@@ -28,6 +28,7 @@ import weakref
 import torch
 import torch.fx
 
+from .._import_hooks import after_import
 from ..dataplane import codec
 from ..dataplane import messages as m
 from ..dataplane.codec import Ext, Raw
@@ -285,9 +286,22 @@ def register_backend() -> None:
     name "remote_accel" too where torch._dynamo is already loaded (its registry reads
     the entry points only when it is asked for a name it does not know)."""
     _route_default_backend(remote_accel_backend)
+    after_import("torch._dynamo", _leave_our_frames_alone)
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None and "remote_accel" not in dynamo.list_backends(exclude_tags=()):
         dynamo.register_backend(name="remote_accel")(remote_accel_backend)
+
+
+def _leave_our_frames_alone() -> None:
+    """Dynamo compiles every Python frame that runs under torch.compile unless its file
+    is on its skip list, as torch's own are. Where a compiled function runs an op on a
+    remote tensor eagerly (around a graph break: DistributedDataParallel's forward breaks
+    at its C++ reducer), the dispatcher calls the device's Python fallback, and Dynamo
+    then tried to trace the fallback's meta inference itself (and failed). Our frames
+    are the device's, as torch's C++ kernels are: never traced."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.add("remote_accel")
 
 
 def _route_default_backend(remote) -> None:

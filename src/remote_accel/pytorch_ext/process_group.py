@@ -23,23 +23,21 @@ at its first collective on a remote_accel tensor (as NCCL makes its communicator
 
 from __future__ import annotations
 
-import inspect
 import logging
 import secrets
-import textwrap
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
-from torch.distributed import ReduceOp, device_mesh
+from torch.distributed import ReduceOp
 
 from ..dataplane import codec
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..errors import ConfigError
-from . import handles, runtime
+from . import handles, runtime, torch_patches
 
 log = logging.getLogger(__name__)
 
@@ -59,33 +57,7 @@ def register() -> None:
     """Make raccl torch's backend for remote_accel tensors (once per process)."""
     if NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(NAME, ProcessGroupRaccl.create, devices=[DEVICE])
-        _let_device_mesh_take_the_device()
-
-
-#: init_device_mesh's test of a device type name, which "remote_accel" fails for its
-#: underscore, and the same test with underscores allowed
-_NAME_TEST = "not device_type.isalpha()"
-_NAME_TEST_WITH_UNDERSCORE = "not device_type.replace('_', '').isalpha()"
-
-
-def _let_device_mesh_take_the_device() -> None:
-    """torch's init_device_mesh (behind FSDP2's fully_shard, DTensor, DCP) takes only
-    device types made of letters, "to catch a device with an index" ("cuda:0"), and so
-    refuses "remote_accel". Its code is recompiled with that one test allowing
-    underscores, in place, so that every module that imported the function gets it.
-    Where the test reads otherwise (a torch that changed it), nothing is touched."""
-    function = getattr(device_mesh, "init_device_mesh", None)
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        return
-    if source.count(_NAME_TEST) != 1 or function.__closure__:
-        return
-    compiled: dict = {}
-    padded = "\n" * (function.__code__.co_firstlineno - 1) + source  # tracebacks keep torch's line numbers
-    exec(compile(padded.replace(_NAME_TEST, _NAME_TEST_WITH_UNDERSCORE), inspect.getsourcefile(function), "exec"),
-         function.__globals__, compiled)
-    function.__code__ = compiled[function.__name__].__code__
+        torch_patches.apply()
 
 
 def _op_name(op) -> str:
