@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .. import config
-from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, TransportTimeout
+from ..errors import DpdkError, PeerGone, PeerSilent, ProtocolError, TransportClosed, TransportTimeout
 from . import wire
 from .dpdk_eal import (  # noqa: F401  (public names re-exported: this module's API)
     INSTALL_HINT, _check, _drain_log, _lengths, _shim_version, _wire_limits,
@@ -209,6 +209,8 @@ class DpdkTransport(Transport):
                 self.close()
             else:
                 self._peer_gone = True
+            if err == errno.EHOSTDOWN:  # the channel's silence limit (peer_timeout), the link up
+                return PeerSilent(f"{self.peer}: {text} (a frozen or hung peer, or a link cut without a reset)")
             return PeerGone(f"{self.peer}: {text}")
         try:
             _check(rc, op, self._port)

@@ -8,7 +8,8 @@ closed or reset: the server died), or a `device_lost` error arrives, and calls `
 session's address again, and replays onto it what the journal kept (recovery.py: the
 snapshot, the definitions, the requests since); `_drop_killer` handles the request that
 kills the server each time it is replayed. Silence with the connection open is no death
-(a frozen server would answer no reconnection either): Session._wait fails at once.
+(a frozen server would answer no reconnection either): Session._wait fails at once, and
+so does `_lost` for a transport that gave a silent peer up itself (PeerSilent).
 See docs/design/recovery.md.
 """
 
@@ -21,7 +22,7 @@ import time
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.wire import MsgType
-from ..errors import AuthError, RemoteAccelError, RemoteOpError, TransportError, TransportTimeout
+from ..errors import AuthError, PeerSilent, RemoteAccelError, RemoteOpError, TransportError, TransportTimeout
 from . import interrupts, recovery
 
 log = logging.getLogger(__package__ + ".session")  # logged as the session: this is part of it
@@ -34,6 +35,10 @@ class SessionRecovery:
         """The server went away while `messages` were sent or answered: recover, then send
         again those of them the journal does not replay (requests with a reply); or fail
         (raises RemoteAccelError as without recovery)."""
+        if isinstance(exc, PeerSilent):
+            # The transport's own silence limit (DPDK's channel) came before the session's
+            # `timeout`: a frozen server, as Session._wait's silence, not a dead one.
+            raise self._fail(exc) from exc
         if self.recovers and self._sender is not None and self._sender.in_thread():
             self.transport.close()  # what it sent is in the journal: the user's thread recovers
             return
