@@ -52,8 +52,10 @@ class _NotNative(Exception):
     """A plan that only the Python path can run (generators, graph values)."""
 
 
-
 class PlanRuns:
+    """Defining plans (a RunOp with `plan`, or a recovering client's Define) and running
+    them (RunPlanned): in C++ where the template went there, else here."""
+
     def _define_plan(self, msg: RunOp) -> None:
         if type(msg.plan) is not int or msg.reply:
             raise ProtocolError("RunOp.plan must be an int, and cannot go with reply")
