@@ -29,6 +29,13 @@ class PeerGone(TransportError):
     """The peer closed the connection, died, or stopped answering."""
 
 
+class PeerSilent(PeerGone):
+    """The transport gave the peer up after its own silence limit, with nothing saying that
+    the peer went away (no close, no reset, the link still up): a frozen or hung peer, or a
+    path cut without a reset, which a new connection would not reach either. DPDK's channel
+    raises it; over TCP the same silence ends a client's wait as its `timeout`."""
+
+
 class TransportTimeout(RemoteAccelError, TimeoutError):
     """Nothing arrived within the allowed time; the transport is still usable."""
 

@@ -2,7 +2,8 @@
 wait -> api, each folder a layer. Every call from one C file to another goes to a file of
 the same layer or of one below, the files of one layer call each other in no circle, and
 only api/ defines shim_* (the functions of shim.h, which cffi sees). Includes run the
-same way.
+same way, and a name that one file alone uses lives in that file, not in its layer's
+header, where it would tie files together that do not call each other.
 
 Each .c is compiled here (cc -c with libdpdk's pkg-config flags, as the package builds it)
 and nm lists what it defines and what it leaves undefined: a call counts wherever it is,
@@ -92,6 +93,31 @@ def circles(found: list[tuple[str, str, str]], name: str) -> list[list[str]]:
     return cycles(graph)
 
 
+#: headers whose defines are wire facts, read by the scapy layer and the tests too (one
+#: header owns each wire fact), wherever the shim uses them
+WIRE_FACTS = ("wire/wire.h",)
+
+
+def lone_defines(root: Path = SHIM) -> list[str]:
+    """Object-like #defines of a layer's header (its include guard aside) that one C file
+    of the shim uses and no other header: they belong in that file. Macros leave no trace
+    in object files, so the call checks cannot see two files tied by a header's constants
+    (chan.c's retransmission timer ran on conn.c's RTO constants, all in chan.h)."""
+    texts = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*.[ch]")}
+    found = []
+    for header, text in sorted(texts.items()):
+        if "/" not in header or not header.endswith(".h") or header in WIRE_FACTS:
+            continue
+        guard = re.search(r"^\s*#\s*ifndef\s+(\w+)", text, re.M)
+        for name in re.findall(r"^\s*#\s*define\s+([A-Z][A-Z0-9_]*)(?=[ \t]|$)", text, re.M):
+            if guard and name == guard.group(1):
+                continue
+            users = [f for f, t in texts.items() if f != header and re.search(rf"\b{name}\b", t)]
+            if len(users) == 1 and users[0].endswith(".c"):
+                found.append(f"{name} ({header}): only {users[0]} uses it")
+    return found
+
+
 def misplaced_api(defined: dict[str, str]) -> list[str]:
     return sorted(f"{symbol} ({name})" for symbol, name in defined.items()
                   if symbol.startswith("shim_") and layer(name) != "api")
@@ -173,6 +199,10 @@ def test_no_circle_inside_a_layer(shim, name):
     assert not found, f"files of {name}/ that call each other, directly or in a circle: {found}"
 
 
+def test_a_name_one_file_uses_lives_in_that_file():
+    assert lone_defines() == [], "defines of a layer's header that belong in the one file using them"
+
+
 def test_only_the_api_defines_shim_names(shim):
     defined, _ = shim
     assert misplaced_api(defined) == [], "shim_* outside api/ (internal names take no prefix)"
@@ -219,6 +249,9 @@ def test_the_checker_finds_upward_calls_circles_and_shim_names(tmp_path, require
         "chan/c.c": "int d(void); int c(void) { return d(); }",
         "chan/d.c": "int c(void); int d(void) { return c(); }",
         "api/e.c": "int a(void); int c(void); int shim_ok(void) { return a() + c(); }",
+        "chan/chan.h": "#ifndef CHAN_H\n#define CHAN_H\n#define SHARED 1\n#define ONE_USER 2\n#endif",
+        "chan/f.c": '#include "chan/chan.h"\nint f(void) { return SHARED + ONE_USER; }',
+        "chan/g.c": '#include "chan/chan.h"\nint g(void) { return SHARED; }',
     }
     for name, text in tree.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -230,3 +263,4 @@ def test_the_checker_finds_upward_calls_circles_and_shim_names(tmp_path, require
     assert circles(found, "chan") == [["chan/c.c", "chan/d.c"]]
     assert circles(found, "api") == []
     assert misplaced_api(defined) == ["shim_hidden (link/b.c)"]
+    assert lone_defines(tmp_path) == ["ONE_USER (chan/chan.h): only chan/f.c uses it"]

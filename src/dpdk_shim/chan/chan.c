@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * The receiving half of the channel: frames in (demultiplexed by connection id and
  * peer MAC; the handshake's are hello.c's), duplicates and reordering, the in-order copy
- * into posted buffers, timers (acks, retransmission, keepalive, liveness) and the port's
- * poll. Every function here runs with the port lock held, by whichever thread polls.
+ * into posted buffers, timers (acks, keepalive, liveness; retransmission's is conn.c's) and
+ * the port's poll. Every function here runs with the port lock held, by whichever thread polls.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +22,16 @@
  * destination line first. Smaller messages keep ordinary stores: their reader usually
  * finds them in cache. */
 #define STREAM_MESSAGE_MIN (4u << 20)
+
+/* A lone frame is acked after this long: a second frame, or a reply to piggyback on,
+ * usually comes sooner, and one ack then covers both. */
+#define ACK_DELAY_NS 50000ull
+/* A connecting client says HELLO again this often until the server answers. */
+#define HELLO_EVERY_NS 50000000ull
+/* GOODBYE is sent this many times (frames may be lost; duplicates are ignored). */
+#define GOODBYE_COPIES 3
+/* Receive bursts per poll, to bound how long a poll holds the port lock. */
+#define RX_ROUNDS 4
 
 #if defined(__x86_64__)
 /* A whole cache line a store where the CPU has AVX-512 (a line written in pieces leaves
@@ -308,24 +318,7 @@ conn_timers(struct shim_conn *c, uint64_t now)
 		conn_detach(c);
 		return;
 	}
-	if (c->snd_una != c->snd_nxt) {
-		struct tx_slot *s = &c->tx[c->snd_una & c->mask];
-
-		if (now - s->sent > c->rto) {
-			/* Like TCP: the oldest few only; acks (and their sacks) drive the rest. */
-			int budget = RTO_BURST;
-
-			for (uint32_t seq = c->snd_una; seq != c->snd_nxt && budget > 0; seq++) {
-				struct tx_slot *t = &c->tx[seq & c->mask];
-
-				if (!t->sacked && now - t->sent > c->rto) {
-					retransmit(c, t, now);
-					budget--;
-				}
-			}
-			c->rto = RTE_MIN(c->rto * 2, ns_to_tsc(RTO_MAX_NS));
-		}
-	}
+	conn_retransmit_due(c, now);
 	if (c->unacked > 0) {
 		if (c->ack_now || c->unacked >= RTE_MAX(8u, c->window / 16))
 			conn_send_ctrl(c, FT_ACK, 0, NULL, 0, false);

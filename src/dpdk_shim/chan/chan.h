@@ -102,18 +102,9 @@ struct shim_conn {
 	struct shim_conn_stats st;
 };
 
-/* Timing and thresholds of the protocol (see conn.c and chan.c for their why). */
-#define ACK_DELAY_NS 50000ull          /* a lone frame is acked after this long */
-#define RTO_MIN_NS 2000000ull          /* 2 ms: pollers on 2 cores may nap 1 ms */
-#define RTO_MAX_NS 250000000ull
-#define RTO_INIT_NS 20000000ull
-#define RTO_BURST 4                    /* frames resent when the timer fires */
-#define DUPTHRESH 3                    /* a hole with this many frames held above it is lost */
-#define RETX_AGAIN_NS 1000000ull       /* a lost retransmission is resent after >= this */
-#define HELLO_EVERY_NS 50000000ull
-#define RESET_EVERY_NS 10000000ull
-#define GOODBYE_COPIES 3
-#define RX_ROUNDS 4                    /* bursts per poll, to bound lock hold time */
+/* The protocol's timings and thresholds live in the one file that uses each: the
+ * retransmission timer's and the sender's in conn.c, the receiver's and the poll's in
+ * chan.c. */
 
 static inline bool seq_lt(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 static inline bool seq_le(uint32_t a, uint32_t b) { return (int32_t)(a - b) <= 0; }
@@ -141,7 +132,9 @@ conn_error(const struct shim_conn *c)
 	}
 }
 
-/* conn.c: a connection's life, and its frames out */
+/* conn.c: a connection's life, its frames out, and its retransmission timer. Inside chan/
+ * calls run one way: conn.c and accept.c call no other file of the channel; hello.c calls
+ * them; chan.c calls those three; connect.c calls any of them. */
 struct shim_conn *conn_new(struct shim_port *p, uint32_t id, const struct shim_conn_opts *o);  /* not attached */
 void conn_attach(struct shim_port *p, struct shim_conn *c);
 void conn_detach(struct shim_conn *c);
@@ -158,6 +151,9 @@ struct rte_mbuf *conn_data_frame(struct shim_conn *c, const struct shim_iov *iov
 				 uint32_t msg_id, struct zc_ref *zc);
 void conn_push_data(struct shim_conn *c, struct rte_mbuf *m, uint64_t now);
 void retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now);
+/* The retransmission timer (now: tsc): frames unacknowledged past the timeout are sent
+ * again, the oldest few, and the timeout backs off. */
+void conn_retransmit_due(struct shim_conn *c, uint64_t now);
 void on_ack(struct shim_conn *c, const struct frame_hdr *h, uint64_t now);
 /* The port's TX queue, as the channel uses it: after frames went out, the peers asleep
  * on a doorbell for them are rung (port_queue and port_flush wake nobody). */

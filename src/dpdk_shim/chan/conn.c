@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause
  * The sending half of the channel and a connection's life: creating, attaching and
- * freeing connections, building frames (data, acks, control), retransmission, what an
- * incoming ack means to the sender, and the port's TX queue as the channel uses it
+ * freeing connections, building frames (data, acks, control), retransmission and its
+ * timer, what an incoming ack means to the sender, and the port's TX queue as the channel uses it
  * (peers asleep on a doorbell are rung once their frames are out). The port lock is
  * held throughout.
  */
@@ -11,6 +11,25 @@
 #include <string.h>
 
 #include "chan/chan.h"
+
+/* The retransmission timeout (RTO): from RTO_INIT_NS until the first round trip is
+ * measured, then srtt + 4 rttvar within [RTO_MIN_NS, RTO_MAX_NS]; it doubles each time
+ * the timer fires, up to RTO_MAX_NS. The floor is 2 ms because pollers on 2 cores may
+ * nap 1 ms. */
+#define RTO_MIN_NS 2000000ull
+#define RTO_MAX_NS 250000000ull
+#define RTO_INIT_NS 20000000ull
+/* Frames resent when the timer fires: the oldest few only, as TCP; acks (and their sacks)
+ * drive the rest. */
+#define RTO_BURST 4
+/* A hole with this many frames held above it is lost, not merely late (reordering moves a
+ * frame by one or two). */
+#define DUPTHRESH 3
+/* A lost retransmission is resent after at least this long (or a round trip). */
+#define RETX_AGAIN_NS 1000000ull
+/* RESET answers to frames of unknown connections go out at most this often (per polling
+ * thread): a stream of stale frames must not become a stream of resets. */
+#define RESET_EVERY_NS 10000000ull
 
 static void
 retain(struct rte_mbuf *m)
@@ -412,6 +431,28 @@ retransmit(struct shim_conn *c, struct tx_slot *s, uint64_t now)
 	c->db_due = true;
 	c->port->st.tx_retransmits++;
 	c->st.tx_retransmits++;
+}
+
+void
+conn_retransmit_due(struct shim_conn *c, uint64_t now)
+{
+	struct tx_slot *s;
+	int budget = RTO_BURST;
+
+	if (c->snd_una == c->snd_nxt)
+		return;
+	s = &c->tx[c->snd_una & c->mask];
+	if (now - s->sent <= c->rto)
+		return;
+	for (uint32_t seq = c->snd_una; seq != c->snd_nxt && budget > 0; seq++) {
+		struct tx_slot *t = &c->tx[seq & c->mask];
+
+		if (!t->sacked && now - t->sent > c->rto) {
+			retransmit(c, t, now);
+			budget--;
+		}
+	}
+	c->rto = RTE_MIN(c->rto * 2, ns_to_tsc(RTO_MAX_NS));
 }
 
 static void

@@ -25,8 +25,6 @@
 #define SHIM_BURST 32
 #define SHIM_TXQ_CAP 512           /* frames queued for tx_burst per port */
 #define SHIM_HOLD_MAX 8            /* frames a reorder fault may hold back */
-#define SHIM_DEFAULT_MBUFS 8191
-#define SHIM_MIN_FRAME 1514
 
 /* -- fault injection ------------------------------------------------------------- */
 struct fault_stage {

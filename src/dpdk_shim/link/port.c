@@ -16,6 +16,8 @@
 #define POOL_CACHE 256
 #define MAX_POOLS 4
 #define POOL_BYTES (128u << 20)
+#define DEFAULT_MBUFS 8191  /* most mbufs of a pool sized by POOL_BYTES */
+#define STANDARD_FRAME 1514  /* Ethernet without jumbo frames: 1500 bytes of MTU + the header */
 #define LINK_CHECK_NS 1000000ull
 /* The mbuf data room is a little larger than the biggest frame: memif's tx fast path
  * (taken when its bsize >= our data room) copies each segment of a chain into its
@@ -58,7 +60,7 @@ pool_for(uint32_t max_frame, uint32_t n_mbufs)
 		return NULL;
 	snprintf(name, sizeof(name), "ra_pool_%u", room);
 	if (n_mbufs == 0)  /* about POOL_BYTES whatever the frame size, within limits */
-		n_mbufs = RTE_MAX(1023u, RTE_MIN((uint32_t)SHIM_DEFAULT_MBUFS, POOL_BYTES / room));
+		n_mbufs = RTE_MAX(1023u, RTE_MIN((uint32_t)DEFAULT_MBUFS, POOL_BYTES / room));
 	pools[i] = rte_pktmbuf_pool_create(name, n_mbufs,
 					   POOL_CACHE, 0, (uint16_t)room, (int)rte_socket_id());
 	pool_room[i] = room;
@@ -71,7 +73,7 @@ default_max_frame(const struct rte_eth_dev_info *info)
 	/* A PCI NIC's own maximum says nothing about the switch behind it: stay at a
 	 * standard frame unless the caller knows better (jumbo via conf->max_frame). */
 	(void)info;
-	return SHIM_MIN_FRAME;
+	return STANDARD_FRAME;
 }
 
 int
@@ -144,10 +146,10 @@ port_setup(uint16_t port, const struct shim_port_conf *conf)
 	ret = rte_eth_dev_configure(port, 1, 1, &ec);
 	if (ret != 0)
 		goto out;
-	if (p->max_frame > SHIM_MIN_FRAME && info.max_mtu > RTE_ETHER_MTU &&
+	if (p->max_frame > STANDARD_FRAME && info.max_mtu > RTE_ETHER_MTU &&
 	    rte_eth_dev_set_mtu(port, (uint16_t)(p->max_frame - RTE_ETHER_HDR_LEN)) != 0 &&
 	    strncmp(info.driver_name, "net_", 4) != 0)
-		p->max_frame = SHIM_MIN_FRAME;  /* a NIC that refuses jumbo frames */
+		p->max_frame = STANDARD_FRAME;  /* a NIC that refuses jumbo frames */
 	/* Descriptor counts the device accepts */
 	nb_rxd = conf && conf->rx_desc ? conf->rx_desc : RX_DESC;
 	nb_txd = conf && conf->tx_desc ? conf->tx_desc : TX_DESC;

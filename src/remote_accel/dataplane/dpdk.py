@@ -10,7 +10,8 @@ channel (sequence numbers, acks, retransmission, credits, keepalives) runs in C;
 crosses into C once per message (and once more for large ones), with the GIL released.
 
 The shim's EAL, ports, fault hooks and pinned memory live in dpdk_eal.py; their names
-stay importable from here (tests and tools use them as `dpdk.set_fault`, ...).
+stay importable from here (tests and tools use them as `dpdk.set_fault`, ...). Which
+ports a listener listens on, and the memif slots it publishes, are dpdk_listen.py's.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .. import config
-from ..errors import DpdkError, PeerGone, ProtocolError, TransportClosed, TransportTimeout
-from . import eal_args as _eal_args
-from . import memif_slots, wire
+from ..errors import DpdkError, PeerGone, PeerSilent, ProtocolError, TransportClosed, TransportTimeout
+from . import wire
 from .dpdk_eal import (  # noqa: F401  (public names re-exported: this module's API)
-    INSTALL_HINT, _check, _drain_log, _groups, _lengths, _published, _shim_version, _wire_limits,
+    INSTALL_HINT, _check, _drain_log, _lengths, _shim_version, _wire_limits,
     add_vdev, build_frame, crc32c, dpdk_error, eal_args, eal_init, ensure_eal, ffi, is_pinned, lib,
     pinned_buffer, pool_audit, port_count, port_driver, port_name, port_stats, remove_vdev,
     reset_port_stats, ring_pair, rx_raw, set_fault, setup_port, tx_raw, wire_check, wire_encode)
+from .dpdk_listen import ListenPorts
 from .eal_args import default_eal_args  # noqa: F401  (part of this module's API)
 from .transport import DISCARD_CHUNK, Discard, Listener, Message, PayloadSink, Transport, byte_view
 
@@ -208,6 +209,8 @@ class DpdkTransport(Transport):
                 self.close()
             else:
                 self._peer_gone = True
+            if err == errno.EHOSTDOWN:  # the channel's silence limit (peer_timeout), the link up
+                return PeerSilent(f"{self.peer}: {text} (a frozen or hung peer, or a link cut without a reset)")
             return PeerGone(f"{self.peer}: {text}")
         try:
             _check(rc, op, self._port)
@@ -462,68 +465,23 @@ class _PairPorts:
 
 class DpdkListener(Listener):
     """Accepts clients on DPDK ports: by default every memif server interface of this
-    process's EAL (one per client slot), after starting EAL with server defaults.
+    process's EAL (one per client slot), after starting EAL with server defaults
+    (dpdk_listen.py says which ports, and how local clients learn of their slots).
 
-    max_clients: the server's limit; its default EAL arguments get
-    memif_slots.slots_for(max_clients) memif interfaces (None: DEFAULT_SLOTS), published
-    for local clients (memif_slots.py) while the listener is open."""
+    max_clients: the server's limit, which sets how many memif interfaces its default EAL
+    arguments get (memif_slots.slots_for)."""
 
     def __init__(self, ports: Optional[Sequence[int]] = None, eal_args=None, *,
                  options: ChannelOptions = ChannelOptions(), max_clients: Optional[int] = None,
                  **transport_kwargs):
-        slots = memif_slots.slots_for(max_clients) if max_clients else memif_slots.DEFAULT_SLOTS
-        args = ensure_eal(eal_args, role="server", memif_slots=slots)
-        vdevs = _eal_args.vdev_options(args)
-        memif_servers = [p for p in range(port_count()) if vdevs.get(port_name(p), {}).get("role") == "server"]
-        if ports is None:  # the memif server interfaces, else every port
-            ports = memif_servers or list(range(port_count()))
-        if not ports:
-            raise dpdk_error(errno.ENODEV, f"no DPDK port to listen on (EAL args: {' '.join(args)})")
-        self._group = next(_groups) % 16 or 1
-        self._ports = list(ports)
+        self._ports = ListenPorts(ports, eal_args, options.cdata, max_clients)
+        self.address = self._ports.address
         self._options = options
         self._kwargs = transport_kwargs
-        self._closed = False
-        for p in self._ports:
-            setup_port(p)
-            _check(lib.shim_listen(p, options.cdata(self._group)), "listen", p)
-        self.address = "dpdk:" + ",".join(port_name(p) for p in self._ports)
-        self._sockets = self._publish([p for p in self._ports if p in memif_servers], vdevs, slots)
-
-    @staticmethod
-    def _publish(ports: list, vdevs: dict, slots: int) -> list:
-        """Tell local clients how many memif slots each socket has (memif_slots.py)."""
-        per_socket: dict[str, int] = {}
-        for p in ports:
-            sock = vdevs[port_name(p)].get("socket")
-            if sock:
-                per_socket[sock] = per_socket.get(sock, 0) + 1
-        for sock, n in per_socket.items():
-            limited_by = "max_clients" if n < memif_slots.MAX_SLOTS and n <= slots else "ports"
-            memif_slots.publish(sock, n, limited_by)
-            _published.add(sock)
-        return list(per_socket)
 
     def accept(self, timeout: Optional[float] = None) -> DpdkTransport:
-        if self._closed:
-            raise TransportClosed("listener is closed")
-        out = ffi.new("struct shim_conn **")
-        rc = lib.shim_accept(self._group, -1 if timeout is None else int(timeout * 1e9), out)
-        if rc == -errno.ETIMEDOUT:
-            raise TransportTimeout(f"no client within {timeout} s")
-        if rc == -errno.ESHUTDOWN:
-            raise TransportClosed("listener is closed")
-        _check(rc, "accept")
-        info = ffi.new("struct shim_conn_info *")
-        lib.shim_conn_info(out[0], info)
-        return DpdkTransport(out[0], port=info.port, options=self._options, **self._kwargs)
+        conn, port = self._ports.accept(timeout)
+        return DpdkTransport(conn, port=port, options=self._options, **self._kwargs)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            for sock in self._sockets:
-                memif_slots.unpublish(sock)
-                _published.discard(sock)
-            for p in self._ports:
-                lib.shim_unlisten(p)
-            lib.shim_accept_cancel(self._group)
+        self._ports.close()

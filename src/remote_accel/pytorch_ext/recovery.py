@@ -58,7 +58,7 @@ JOURNALED = frozenset(int(t) for t in (MsgType.ALLOC, MsgType.FREE, MsgType.WRIT
 #: Requests with a reply that change state: kept once answered (queries are not).
 JOURNALED_WITH_REPLY = frozenset((int(MsgType.RUN), int(MsgType.RNG)))
 #: The server keeps at most this many plans per session, dropping the oldest
-#: (server/executor.py MAX_PLANS); the definitions kept here mirror it.
+#: (server/plan_runs.py MAX_PLANS); the definitions kept here mirror it.
 MAX_PLANS = 1 << 16
 #: and this many graphs (server/graph_runs.py MAX_GRAPHS)
 MAX_GRAPHS = 256

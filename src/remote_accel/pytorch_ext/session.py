@@ -11,11 +11,19 @@ server may stay *silent*; a dead or frozen server makes that call, and every lat
 raise RemoteAccelError: no hang. Waits are sliced so that Ctrl-C (KeyboardInterrupt)
 answers within a fraction of a second; the interrupted request's late reply is skipped
 by its request id, and the session goes on.
+
+Where things go: a new one-way request is a method that builds its message and calls
+`_queue` (a request that may travel inside a Batch) or `_queue_message` (one that may
+not); a new sync point is a method that calls `_call(request, ReplyType)`, whose
+`_exchange` flushes the queue, sends the request and waits for its reply. The session's
+helpers, one concept each: sender.py (TCP's sender thread and its outbox), heartbeat.py
+(the PING of an idle session), timer_flush.py (a batch leaves soon after the last send),
+session_recovery.py (rebuilding the session on a server that came back).
 """
 
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
 import logging
 import os
@@ -24,8 +32,8 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from ..errors import (AuthError, DeadlineExceeded, PeerGone, ProtocolError, RemoteAccelError, RemoteOpError, TransportError,
-                      TransportTimeout, WrongPeerError)
+from ..errors import (DeadlineExceeded, ProtocolError, RemoteAccelError, TransportError, TransportTimeout,
+                      WrongPeerError)
 from .._version import WIRE_VERSION
 from ..dataplane import handshake
 from ..dataplane import messages as m
@@ -34,6 +42,10 @@ from ..dataplane.tcp import TcpTransport
 from ..dataplane.transport import Message, Transport, default_sink
 from ..dataplane.wire import MsgType
 from . import interrupts, recovery
+from .heartbeat import HEARTBEAT_S, Heartbeat  # noqa: F401  (HEARTBEAT_S: part of this module's names)
+from .sender import Sender
+from .session_recovery import SessionRecovery
+from .timer_flush import FLUSH_AFTER_S, TimerFlush
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +60,17 @@ FIRST_BATCH_ITEMS = 32
 MAX_BATCH_PAYLOAD = 1 << 20
 #: Uploads at least this large travel as their own WRITE message (no batching copy).
 LARGE_WRITE = 256 << 10
-HEARTBEAT_S = 2.0
 #: A one-way message after a batch that carries at most this many payload bytes leaves
 #: from the calling thread when the sender thread is idle (a send of this size takes less
 #: than waking the sender)
 SEND_HERE_BYTES = 64 << 10
-#: A batch that is not full leaves at the latest this long after the last send (the timer
-#: flush), so that the server starts on it while the client keeps tracing: tracing, the
-#: wire and the server's execution overlap instead of taking turns at the next sync.
-FLUSH_AFTER_S = 0.002
 #: A sync's wait is cut into slices this long, so that Ctrl-C is seen between them (a
 #: DPDK receive waits in C, where Python's signal handlers cannot run).
 WAIT_SLICE_S = 0.1
 _SYNC_META = m.encode(m.Sync())
 
 
-class Session:
+class Session(SessionRecovery):
     """One connection to one server (one remote_accel device index)."""
 
     def __init__(self, transport: Transport, *, token: str = "", timeout: float = 10.0, name: str = "",
@@ -87,7 +94,8 @@ class Session:
         self._payloads: list = []
         self._payload_bytes = 0
         self._dead: Optional[RemoteAccelError] = None
-        self._last_send = time.monotonic()
+        #: when this session last sent (time.monotonic()): the heartbeat and the timer flush wait from it
+        self.last_send = time.monotonic()
         self._stop = threading.Event()
         self._abandoned: set[int] = set()  # ids of requests whose caller stopped waiting
         self._late_error: Optional[RemoteAccelError] = None  # reported to an abandoned sync
@@ -123,22 +131,13 @@ class Session:
             raise
         self.welcome: m.Welcome = reply
         self.device_type = reply.device.partition(":")[0]  # the server's torch device type
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="remote_accel-heartbeat", daemon=True)
-        self._heartbeat.start()
-        self._flusher = threading.Thread(target=self._flush_loop, name="remote_accel-flush", daemon=True)
-        self._flusher.start()
-        # Over TCP, Batches leave from a sender thread: a send on loopback also runs the
-        # receiver's network stack, which cost the tracing thread about a third of its time
-        # (py-spy); the socket call releases the GIL, so tracing goes on meanwhile. Every
-        # other message waits until the batches before it are gone (_drain_outbox).
-        self._outbox: collections.deque = collections.deque()
-        self._outbox_cv = threading.Condition(threading.Lock())
-        self._sending = False
         self._device_properties: Optional[dict] = None
-        self._sender = None
+        # Over TCP, Batches leave from a sender thread (sender.py says why)
+        self._sender: Optional[Sender] = None
         if isinstance(transport, TcpTransport):
-            self._sender = threading.Thread(target=self._send_loop, name="remote_accel-send", daemon=True)
-            self._sender.start()
+            self._sender = Sender(functools.partial(self._send_many, drain=False), self._stop)
+        self._heartbeat = Heartbeat(self, self._stop)
+        self._flusher = TimerFlush(self, self._lock, self._stop)
 
     # -- one-way requests ------------------------------------------------------------------
     def alloc(self, sid: int, nbytes: int) -> None:
@@ -221,8 +220,7 @@ class Session:
             if batch is None:
                 return
             if here:
-                with self._outbox_cv:
-                    here = not self._outbox and not self._sending
+                here = self._sender is None or self._sender.idle()
             if here or not self._post([batch]):
                 self._send_many([batch], drain=not here)
 
@@ -350,9 +348,7 @@ class Session:
             small = self._payload_bytes <= SEND_HERE_BYTES
             messages = self._batch_then(message)
             if small and self._sender is not None:
-                with self._outbox_cv:
-                    small = not self._outbox and not self._sending
-                if small:
+                if self._sender.idle():
                     self._send_many(messages, drain=False)
                     return
             if not self._post(messages):
@@ -396,6 +392,17 @@ class Session:
     def alive(self) -> bool:
         return self._dead is None
 
+    @property
+    def recovers(self) -> bool:
+        """Whether a lost server is waited for: recovery is on, and the session is neither
+        dead nor closed."""
+        return self._journal is not None and self._dead is None
+
+    @property
+    def queued(self) -> int:
+        """Requests queued in this session's batch (not counting those in the C++ queue)."""
+        return self._batch_items
+
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {self._dead}")
@@ -409,151 +416,6 @@ class Session:
             self.transport.close()
         return RemoteAccelError(f"the remote_accel server at {self.transport.peer} is gone: {exc}")
 
-    # -- recovery (recovery.py) ---------------------------------------------------------------------
-    def _lost(self, exc: Exception, messages: list) -> None:
-        """The server went away while `messages` were sent or answered: recover, then send
-        again those of them the journal does not replay (requests with a reply); or fail
-        (raises RemoteAccelError as without recovery)."""
-        if self._journal is not None and self._dead is None and threading.current_thread() is self._sender:
-            self.transport.close()  # what it sent is in the journal: the user's thread recovers
-            return
-        requests = [msg for msg in messages if msg[3]]
-        while True:
-            if not self._recover(exc):
-                raise self._fail(exc) from exc
-            try:
-                if requests:
-                    self._transport_send_many(requests)
-                return
-            except TransportError as again:
-                exc = again
-
-    def _recover(self, cause: Exception) -> bool:
-        """Rebuild this session on a server that answers at its address again; False: it
-        cannot be (no recovery, nothing answered within recovery_timeout, state not kept)."""
-        journal = self._journal
-        if journal is None or self._dead is not None:
-            return False
-        why = journal.unrecoverable()
-        peer = self.transport.peer
-        if why is not None:
-            log.error("remote_accel: the server at %s is gone (%s); this session cannot be rebuilt: %s", peer, cause, why)
-            return False
-        with self._lock:
-            self.transport.close()
-            if self._sender is not None:
-                self._drain_outbox()  # what the sender thread still had goes into the journal first
-            log.warning("remote_accel: the server at %s is gone (%s); recovering this session, waiting up to %g s "
-                        "for a server", peer, cause, self.recovery_timeout)
-            start = time.monotonic()
-            deadline = start + self.recovery_timeout
-            while True:
-                self._deaths += 1
-                if not self._connect_again(deadline):
-                    log.error("remote_accel: no server answered at %s within %g s: this session's tensors are lost",
-                              peer, self.recovery_timeout)
-                    return False
-                replay = recovery.Replay(self.transport, self.timeout, interrupts.pending, next(self._req_ids))
-                careful = self._deaths >= 2  # the replayed work killed the server once already
-                try:
-                    replay.run(journal, careful)
-                except recovery.ServerDied as died:
-                    self.transport.close()
-                    if died.at is None:
-                        continue
-                    self._drop_killer(died, deadline)  # raises the killer op's error
-                except BaseException:
-                    self.transport.close()  # a half-replayed server is of no use: the next call starts again
-                    raise
-                self._req_ids = itertools.count(replay.req_id + 1)
-                if careful and self._deaths >= 3:
-                    # the journal replays cleanly, one request at a time: what kills the
-                    # server is the request the user waits on
-                    raise RemoteOpError(f"the request the program waited on killed the server at {peer} each time it "
-                                        "was sent; the session is as it was before it")
-                ops = recovery.count_ops(journal.entries)
-                journal.last_recovery_s = time.monotonic() - start
-                journal.recoveries += 1
-                journal.replayed_ops += ops
-                self._settled = None
-                log.warning("remote_accel: recovered the session on %s in %.2f s: restored %d bytes, replayed %d "
-                            "requests (%d ops)", self.transport.peer, journal.last_recovery_s,
-                            journal.snapshot.nbytes, len(journal.entries), ops)
-                return True
-
-    def _drop_killer(self, died: "recovery.ServerDied", deadline: float) -> None:
-        """The careful replay found the request that kills the server: bring the session to
-        the state just before it on the next server, drop it and what followed, and raise
-        its error as CUDA reports a device-side assert."""
-        journal = self._journal
-        i, k = died.at
-        msg_type, _, _, fields = recovery.single_requests(journal.entries[i])[k]
-        op = journal.op_name(msg_type, fields)
-        while True:
-            if not self._connect_again(deadline):
-                raise self._fail(RemoteAccelError(f"{op} killed the server, and no server came back"))
-            replay = recovery.Replay(self.transport, self.timeout, interrupts.pending, next(self._req_ids))
-            try:
-                kept = replay.run_prefix(journal, died.at)
-                break
-            except recovery.ServerDied:
-                self.transport.close()
-        self._req_ids = itertools.count(replay.req_id + 1)
-        journal.keep_only(kept)
-        journal.recoveries += 1
-        self._deaths = 0
-        self._settled = None
-        said = f": {died.text}" if died.text else ""
-        raise RemoteOpError(f"{op} killed the server at {self.transport.peer}, again when it was replayed{said}. "
-                            "The session is as it was before that op; the work queued after it was dropped")
-
-    def _connect_again(self, deadline: float) -> bool:
-        """A new transport to a server that completes the handshake, in use; False: none by the deadline."""
-        while True:
-            if interrupts.pending():
-                raise KeyboardInterrupt
-            try:
-                transport, token, peer_address = self._reconnect()
-            except (TransportError, TransportTimeout, OSError) as exc:
-                log.debug("reconnecting: %s", exc)
-            else:
-                try:
-                    welcome = handshake.client_handshake(transport, token, self._client, self.timeout,
-                                                         server=self.server_name)
-                except AuthError:
-                    transport.close()
-                    raise
-                except RemoteAccelError as exc:  # not up yet, busy, or not speaking yet
-                    transport.close()
-                    log.debug("reconnecting: %s", exc)
-                else:
-                    if welcome.device.partition(":")[0] != self.device_type:
-                        transport.close()
-                        log.error("remote_accel: the server that came back computes on %s, not %s", welcome.device,
-                                  self.device_type)
-                        return False
-                    self.transport, self._transport_send_many = transport, transport.send_many
-                    self.token, self.welcome = token, welcome
-                    if self.peer_address is not None:
-                        self.peer_address = peer_address
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)  # in deferred() Ctrl-C only sets the flag looked at above
-
-    def _take_snapshot(self) -> None:
-        """Keep the server's state now (a sync point), so that the journal starts afresh."""
-        self._snapshotting = True
-        try:
-            state = self._call(m.State(), m.StateReply)
-
-            def read(sid: int, nbytes: int):
-                return self._exchange(MsgType.READ, m.encode_read(sid, 0, nbytes), m.Data).payloads[0]
-
-            self._journal.take_snapshot(state, read)
-        finally:
-            self._snapshotting = False
-
     def _send(self, msg, payloads, req_id: int = 0) -> None:
         self._send_many([(msg.TYPE, m.encode(msg), payloads, req_id)])
 
@@ -563,43 +425,14 @@ class Session:
         has stopped (the caller sends them)."""
         if self._sender is None:
             return False
-        with self._outbox_cv:
-            if self._stop.is_set():
-                return False
-            self._settled = None  # a sync must now ask the server
-            self._outbox.append(messages)
-            self._outbox_cv.notify()
-        return True
-
-    def _drain_outbox(self) -> None:
-        """Wait until every posted Batch is sent (or failed: the session is then dead)."""
-        with self._outbox_cv:
-            while self._outbox or self._sending:
-                self._outbox_cv.wait()
-
-    def _send_loop(self) -> None:
-        while True:
-            with self._outbox_cv:
-                while not self._outbox and not self._stop.is_set():
-                    self._outbox_cv.wait(HEARTBEAT_S / 2)
-                if not self._outbox:
-                    return  # stopped, and nothing left: _post sends in the caller's thread now
-                messages = self._outbox.popleft()
-                self._sending = True
-            try:
-                self._send_many(messages, drain=False)
-            except RemoteAccelError:
-                pass  # the session is dead now: its next call raises
-            finally:
-                with self._outbox_cv:
-                    self._sending = False
-                    self._outbox_cv.notify_all()
+        self._settled = None  # a sync must now ask the server
+        return self._sender.post(messages)
 
     def _send_many(self, messages: list, drain: bool = True, defer: bool = True) -> None:
         """Send (type, meta, payloads, req_id) messages in order, in one transport call
         where the transport can. defer=False: the caller holds interrupts.deferred()."""
         if drain and self._sender is not None:
-            self._drain_outbox()  # in order: the batches posted before these messages first
+            self._sender.drain()  # in order: the batches posted before these messages first
         self._check_alive()
         self._settled = None
         try:
@@ -610,7 +443,7 @@ class Session:
                 self._transmit(messages)
         except TransportError as exc:
             self._lost(exc, messages)
-        self._last_send = time.monotonic()
+        self.last_send = time.monotonic()
 
     def _transmit(self, messages: list) -> None:
         if self._journal is not None:
@@ -734,50 +567,6 @@ class Session:
                 self._late_error = handshake.remote_error(decoded)
         log.debug("skipped the late reply to request %d", reply.req_id)
 
-    def _heartbeat_loop(self) -> None:
-        """Keep the server from reaping an idle session (it frees silent clients' memory)."""
-        nonce = 0
-        while not self._stop.wait(HEARTBEAT_S / 2):
-            if time.monotonic() - self._last_send < HEARTBEAT_S:
-                continue
-            nonce += 1
-            try:
-                self.transport.send(MsgType.PING, m.encode(m.Ping(nonce)))
-                self._last_send = time.monotonic()
-            except (TransportError, PeerGone):
-                if self._journal is None or self._dead is not None:
-                    return
-                # the session recovers at its next request; heartbeats go on after that
-
-    def _flush_loop(self) -> None:
-        """The timer flush: send what has waited `flush_after`. It never waits for the lock:
-        a thread that holds it (queueing, flushing, waiting at a sync) sends soon anyway.
-        While nothing is queued it sleeps in C++ without the GIL (NativeQueue.wait) rather
-        than waking every `flush_after`: 500 wake-ups a second, each taking the GIL, cost
-        an idle client 86-96 ms of CPU per 5 s (5-9 ms asleep), CPU that a server sharing
-        the host wants (docs/performance.md)."""
-        while True:
-            after = self.flush_after
-            queue = self.native_queue
-            if after and queue is not None and not self._batch_items:
-                if not queue.wait(HEARTBEAT_S / 2):
-                    if self._stop.is_set():
-                        return
-                    continue
-            if self._stop.wait(after or HEARTBEAT_S / 2):
-                return
-            if self._dead is not None:
-                return
-            after = self.flush_after
-            if not after or time.monotonic() - self._last_send < after or not self._lock.acquire(blocking=False):
-                continue
-            try:
-                self.flush()
-            except RemoteAccelError:
-                return  # the session is dead: its next call says so
-            finally:
-                self._lock.release()
-
     def close(self) -> None:
         self._stop.set()
         if self.native_queue is not None:
@@ -799,9 +588,11 @@ class Session:
         """Let the heartbeat, flush and send threads end before the transport they use
         closes (a DPDK connection's C memory goes with it). Each ends at once once
         _stop is set, unless it is in the middle of a send, which its transport bounds."""
-        with self._outbox_cv:
-            self._outbox_cv.notify_all()  # the sender ends now, not at its next wake-up
+        threads = [self._heartbeat.thread, self._flusher.thread]
+        if self._sender is not None:
+            self._sender.wake()
+            threads.append(self._sender.thread)
         me = threading.current_thread()
-        for thread in (self._heartbeat, self._flusher, self._sender):
-            if thread is not None and thread is not me:
+        for thread in threads:
+            if thread is not me:
                 thread.join(timeout)

@@ -14,9 +14,9 @@ token never leaves the client, and A's connection may write that one copy and no
 else, before the key expires; a replayed key (a ticket B has seen written) is refused at
 once, and so is a PeerWrite from any other connection.
 
-A keeps the connection for its next copies to B (KEEP_LINK_S): a connection and its
-handshake cost 1.6-2.3 ms on loopback, more than the bytes of a small copy, and a
-DataParallel step makes several copies between the same servers. Each later PeerWrite
+A keeps the connection for its next copies to B (KEEP_LINK_S, peer_links.py): a
+connection and its handshake cost 1.6-2.3 ms on loopback, more than the bytes of a small
+copy, and a DataParallel step makes several copies between the same servers. Each later PeerWrite
 carries its own copy's terms and a proof of its key over the connection's binding (the
 WELCOME proof its handshake ended with, handshake.write_proof): B checks it as it
 checked the first copy's key, and the connection still writes nothing but copies.
@@ -57,6 +57,7 @@ from ..dataplane.tls import TlsTransport, client_context
 from ..dataplane.wire import MsgType
 from ..errors import ConfigError, PeerGone, ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
+from .peer_links import KEEP_LINK_S, KeptLink, KeptLinks
 from .storage import host_bytes
 
 # each function takes the server.session.Session it serves (not imported: session imports this)
@@ -80,26 +81,9 @@ PROBE_EVERY_S = 1.0
 MAX_USED_TICKETS = 65536
 #: TLS settings kept for copies to TLS destinations, one per CA a client named
 TLS_CONTEXTS_KEPT = 8
-#: A source keeps a connection to a destination this long after its last copy, for the
-#: next (several per DataParallel step); at most LINKS_KEPT_PER_DESTINATION of them, one
-#: per session copying there at the same time. A destination ends a copy connection idle
-#: for COPY_IDLE_S (or its heartbeat timeout), which a source that went away leaves
-#: behind. A copy connection is no client of the destination: it takes no --max-clients
-#: slot (Server.admit).
-KEEP_LINK_S = 10.0
-LINKS_KEPT_PER_DESTINATION = 4
+#: A destination ends a copy connection idle this long (or its heartbeat timeout): the
+#: connection a source that went away kept (peer_links.py) is left behind.
 COPY_IDLE_S = 3 * KEEP_LINK_S
-
-
-class _KeptLink:
-    """A source's authenticated connection to a destination, between copies."""
-
-    __slots__ = ("link", "binding", "idle_since")
-
-    def __init__(self, link, binding: bytes):
-        self.link = link
-        self.binding = binding  # its WELCOME proof: later copies prove their keys over it
-        self.idle_since = time.monotonic()
 
 
 class _Slot:
@@ -126,8 +110,7 @@ class PeerCopies:
         self._cond = threading.Condition()
         self._slots: dict[bytes, _Slot] = {}
         self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
-        self._kept: dict[tuple, list[_KeptLink]] = {}  # by (address, TLS CA text) of a destination
-        self._janitor: Optional[threading.Thread] = None  # closes kept connections once idle too long
+        self._links = KeptLinks()  # this server's connections to destinations, as a source
         self.bytes_sent = 0
         self.bytes_received = 0
         self.copies_sent = 0
@@ -159,79 +142,26 @@ class PeerCopies:
                 "peer_links_opened": self.links_opened, "peer_links_kept": self.links_kept()}
 
     def links_kept(self) -> int:
-        with self._cond:
-            return sum(len(links) for links in self._kept.values())
+        return self._links.count()
 
-    # -- the source's kept connections --------------------------------------------------------
-    def take_link(self, where: tuple) -> Optional[_KeptLink]:
-        """A kept connection to the destination `where`, still open and quiet, for this
-        copy alone; None when there is none (the caller connects)."""
-        stale = []
-        try:
-            with self._cond:
-                self._expire(stale)
-                links = self._kept.get(where, [])
-                while links:
-                    kept = links.pop()
-                    if _quiet(kept.link):
-                        return kept
-                    stale.append(kept)
-            return None
-        finally:
-            _close_all(stale)
+    # -- the source's kept connections (peer_links.py) ----------------------------------------
+    def take_link(self, where: tuple) -> Optional[KeptLink]:
+        """A kept connection to the destination `where`, open and quiet; None: connect."""
+        return self._links.take(where)
 
-    def sent(self, where: tuple, kept: _KeptLink, nbytes: int) -> None:
+    def sent(self, where: tuple, kept: KeptLink, nbytes: int) -> None:
         """A copy to `where` is done: counted, and its connection kept for the next copy
         to the same destination."""
-        kept.idle_since = time.monotonic()
-        stale = []
         with self._cond:
             self.bytes_sent += nbytes
             self.copies_sent += 1
-            self._expire(stale)
-            links = self._kept.setdefault(where, [])
-            if len(links) < LINKS_KEPT_PER_DESTINATION:
-                links.append(kept)
-                if self._janitor is None:
-                    self._janitor = threading.Thread(target=self._close_idle_links, name="peer-links", daemon=True)
-                    self._janitor.start()
-            else:
-                stale.append(kept)
-        _close_all(stale)
-
-    def _close_idle_links(self) -> None:
-        """The janitor: closes each kept connection KEEP_LINK_S after its last copy, so
-        that a destination does not keep a copy session for nothing; ends once none is
-        kept (the next kept connection starts another)."""
-        while True:
-            stale = []
-            with self._cond:
-                self._expire(stale)
-                if not self._kept and not stale:
-                    self._janitor = None
-                    return
-                if not stale:
-                    oldest = min(k.idle_since for links in self._kept.values() for k in links)
-                    self._cond.wait(max(0.01, oldest + KEEP_LINK_S - time.monotonic()))
-            _close_all(stale)
+        self._links.keep(where, kept)
 
     def close_links(self) -> None:
         """At shutdown: every kept connection, each with a GOODBYE."""
-        with self._cond:
-            stale = [k for links in self._kept.values() for k in links]
-            self._kept.clear()
-        _close_all(stale)
+        self._links.close_all()
 
-    def _expire(self, stale: list) -> None:
-        """Move connections idle for KEEP_LINK_S into `stale` (held: self._cond)."""
-        oldest = time.monotonic() - KEEP_LINK_S
-        for where in list(self._kept):
-            links = self._kept[where]
-            stale.extend(k for k in links if k.idle_since < oldest)
-            links[:] = [k for k in links if k.idle_since >= oldest]
-            if not links:
-                del self._kept[where]
-
+    # -- the destination's expected copies ------------------------------------------------------
     def expect(self, ticket: bytes, slot: _Slot) -> None:
         with self._cond:
             if ticket in self._slots:
@@ -294,32 +224,6 @@ class PeerCopies:
             raise ProtocolError("PeerWrite: wrong key for this copy: it is no HMAC under this server's token (the "
                                 "client holds another token for this server than its --token-file)")
         return copy
-
-
-def _quiet(link) -> bool:
-    """Whether a kept connection is still open with nothing to read but heartbeats (a
-    busy destination's session beats while it waits for a copy's other half, and a
-    last beat may follow its PeerDone): a destination that ended the connection (shut
-    down, or found it idle too long) left an end of stream behind."""
-    if link.closed:
-        return False
-    try:
-        while link.recv(timeout=0).type == MsgType.PONG:
-            pass
-    except TransportTimeout:
-        return True
-    except Exception:  # noqa: BLE001 (an end of stream, a reset: the link is done)
-        return False
-    return False  # anything else out of turn: the connection is not trusted again
-
-
-def _close_all(kept: list) -> None:
-    for k in kept:
-        try:
-            k.link.send(MsgType.GOODBYE, m.encode(m.Goodbye()))
-        except Exception:  # noqa: BLE001 (closing a connection that may be gone)
-            pass
-        k.link.close()
 
 
 def _valid_ticket(ticket) -> bool:
@@ -450,7 +354,7 @@ def on_send(session, request: m.PeerSend) -> None:
     copies.sent(where, kept, request.nbytes)
 
 
-def _write(kept: _KeptLink, write: m.PeerWrite, view, request: m.PeerSend) -> None:
+def _write(kept: KeptLink, write: m.PeerWrite, view, request: m.PeerSend) -> None:
     """One PeerWrite and its PeerDone; the connection closed on any failure."""
     try:
         kept.link.send(MsgType.PEER_WRITE, m.encode(write), [host_bytes(view)], req_id=1)
@@ -464,7 +368,7 @@ def _write(kept: _KeptLink, write: m.PeerWrite, view, request: m.PeerSend) -> No
         raise
 
 
-def _connect(session, request: m.PeerSend) -> _KeptLink:
+def _connect(session, request: m.PeerSend) -> KeptLink:
     """A new connection to the copy's destination, authenticated under the copy's key."""
     host, port = config.parse_host_port(request.address)
     try:
@@ -483,7 +387,7 @@ def _connect(session, request: m.PeerSend) -> _KeptLink:
         link.close()
         raise
     session.server.peer_copies.links_opened += 1
-    return _KeptLink(link, welcome.proof)
+    return KeptLink(link, welcome.proof)
 
 
 def _reply(link: TcpTransport, req_id: int):
