@@ -73,14 +73,18 @@ class Work(dist._Work):
     """A queued collective: done as far as this client can tell, in order with the
     device's later ops. `synchronize` (barrier's wait) waits for the server."""
 
-    def __init__(self, result, session=None):
+    def __init__(self, result, session=None, on_wait=None):
         super().__init__()
         self._result = result
         self._session = session  # set: wait() is a sync point (barrier)
+        self._on_wait = on_wait  # queues what the device's later ops must wait for (a receive's data)
         self._future = torch.futures.Future()
         self._future.set_result(result)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        on_wait, self._on_wait = self._on_wait, None
+        if on_wait is not None:
+            on_wait()
         if self._session is not None:
             self._session.sync(timeout.total_seconds() or None)
         return True
@@ -124,7 +128,8 @@ class ProcessGroupRaccl(dist.ProcessGroup):
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         self._index: Optional[int] = None  # the remote_accel device this rank joined with
         self._seq = 0
-        self._coalescing: Optional[list] = None  # queued send/recv of a batch, sends first at its end
+        self._receives = 0  # ids of posted receives (irecv), which Work.wait() completes
+        self._coalescing: Optional[list] = None  # send/recv ops of a batch (batch_isend_irecv)
 
     # -- what torch asks of a process group ---------------------------------------------------------
     #: torch asks a device's backend whether it splits groups (init_process_group(device_id=...))
@@ -180,14 +185,15 @@ class ProcessGroupRaccl(dist.ProcessGroup):
         log.info("raccl: rank %d of %d joined on remote_accel:%d (%s)", rank, size, index, session.peer_address)
 
     def _queue(self, kind: str, tensors: list, outputs: list = (), op: str = "", root: int = 0, params=None,
-               index: Optional[int] = None) -> None:
+               index: Optional[int] = None, seq: int = 0) -> None:
+        """Queue one collective on the device (every rank's collectives are numbered in
+        order; send and recv go per pair of ranks, numbered on the servers)."""
         if index is None:
             index = self._device_of([*tensors, *outputs])
         session = self._session(index)
         refs = tuple(handles.tensor_ref(t, index) for t in tensors)
         outs = tuple(handles.tensor_ref(t, index) for t in outputs)
-        seq = 0
-        if kind not in ("send", "recv"):  # numbered per pair of ranks, on the servers
+        if kind not in ("send", "recv", "wait"):
             self._seq += 1
             seq = self._seq
         session.collective(m.Collective(self.group_id, seq, kind, op, refs, outs, root, params))
@@ -359,40 +365,44 @@ class ProcessGroupRaccl(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int = 0):
         if self._on_cpu(tensors):
             return self._gloo.send(tensors, dst, tag)
-        self._p2p("send", tensors, dst, tag)
-        return Work(tensors)
+        return self._p2p("send", tensors, dst, tag)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        """Posts the receive; its Work's wait() makes the device's later ops wait for the
+        data (dist.recv waits at once, irecv when the caller does)."""
         if self._on_cpu(tensors):
             return self._gloo.recv(tensors, src, tag)
-        self._p2p("recv", tensors, src, tag)
-        return Work(tensors)
+        return self._p2p("recv", tensors, src, tag)
 
     def recv_anysource(self, tensors, tag: int = 0):
         if self._on_cpu(tensors):
             return self._gloo.recv_anysource(tensors, tag)
         raise NotImplementedError("raccl receives from a named rank only (dist.recv(tensor, src=...)), as NCCL does")
 
-    def _p2p(self, kind: str, tensors, peer: int, tag: int) -> None:
+    def _p2p(self, kind: str, tensors, peer: int, tag: int) -> Work:
+        tensors = list(tensors)
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"raccl: {kind} to rank {peer}: not another rank of a group of {self.size()}")
-        if self._coalescing is not None:  # batch_isend_irecv: sent at the end, sends first
-            self._coalescing.append((kind, list(tensors), peer, tag))
-            return
-        self._queue(kind, list(tensors), root=peer, params=tag)
+        index = self._device_of(tensors)
+        if kind == "send":
+            self._queue(kind, tensors, root=peer, params=tag, index=index)
+            return Work(tensors)
+        self._receives += 1
+        receive = self._receives
+        self._queue(kind, tensors, root=peer, params=tag, index=index, seq=receive)
+        work = Work(tensors, on_wait=lambda: self._queue("wait", [], params=(receive,), index=index))
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
 
-    # -- coalescing (batch_isend_irecv, _coalescing_manager) -----------------------------------------
+    # -- coalescing (_coalescing_manager; batch_isend_irecv issues its ops one by one here) ---------
     def _start_coalescing(self, device) -> None:
         self._coalescing = []
 
     def _end_coalescing(self, device):
-        batch, self._coalescing = self._coalescing or [], None
-        # every rank's sends go before its receives: ranks that list a pair's receive
-        # before its send (either order is allowed in a batch) cannot wait for each other
-        batch.sort(key=lambda op: op[0] != "send")
-        for kind, tensors, peer, tag in batch:
-            self._queue(kind, tensors, root=peer, params=tag)
-        return Work([t for op in batch for t in op[1]])
+        """One Work for the batch: its wait() waits for every receive in it."""
+        works, self._coalescing = self._coalescing or [], None
+        return Work([], on_wait=lambda: [work.wait() for work in works])
 
     def _check_parts(self, parts, like, what: str) -> None:
         if len(parts) != self.size() or any(p.numel() != like.numel() or p.dtype != like.dtype for p in parts):

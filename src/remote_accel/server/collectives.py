@@ -13,7 +13,11 @@ The algorithms are NCCL's choices, over one message per step:
 - all_gather and reduce_scatter: the ring's halves;
 - all_to_all: a pairwise exchange; gather and scatter: straight to and from the root;
 - barrier: a tree all-reduce of nothing;
-- send and recv: one message on the point-to-point lane, numbered per pair of ranks.
+- send and recv: one message on the point-to-point lane, numbered per pair of ranks. A
+  send leaves at once (the peer's server reads every connection as data comes); a recv
+  only notes where its data goes and the session goes on, as irecv does: the data lands
+  at the "wait" the client queues with Work.wait(), so that ranks that each post a
+  receive before their send (batch_isend_irecv in any order) never wait for each other.
 
 Each chunk of a ring is reduced in one fixed order, the same on every rank, and so is a
 tree: every rank ends with the same bits, run after run. The arithmetic runs on the
@@ -72,7 +76,8 @@ class _Run:
         self.reduce = _REDUCTIONS.get(request.op)
 
     def signature(self, t: torch.Tensor, extra=None) -> tuple:
-        sig = (self.kind, self.op, str(t.dtype).removeprefix("torch."), t.numel())
+        kind = "send/recv" if self.lane == m.LANE_P2P else self.kind  # a send pairs with a recv
+        sig = (kind, self.op, str(t.dtype).removeprefix("torch."), t.numel())
         return sig if extra is None else sig + (extra,)
 
     def send(self, dest: int, step: int, t: torch.Tensor, extra=None) -> None:
@@ -107,6 +112,8 @@ def run(member: Member, request: m.Collective, tensors: list, outputs: list) -> 
     elif kind == "recv":
         member.p2p_received[request.root] += 1
         lane, seq = m.LANE_P2P, member.p2p_received[request.root]
+    elif kind == "wait":
+        lane, seq = m.LANE_P2P, 0
     else:
         lane, seq = m.LANE_COLLECTIVE, request.seq
         member.seq = seq
@@ -289,11 +296,29 @@ def _send(run: _Run, request: m.Collective, tensors: list, outputs: list) -> Non
 
 
 def _recv(run: _Run, request: m.Collective, tensors: list, outputs: list) -> None:
-    for i, t in enumerate(tensors):
-        flat, copied = _contiguous(t)
-        run.receive(run.root, i, flat, extra=request.params)
-        if copied:
-            t.copy_(flat.view(t.shape))
+    """Note the receive under the client's id (request.seq); "wait" completes it."""
+    if request.seq in run.member.receives:
+        raise ProtocolError(f"receive {request.seq} is posted already")
+
+    def complete() -> None:
+        for i, t in enumerate(tensors):
+            flat, copied = _contiguous(t)
+            run.receive(run.root, i, flat, extra=request.params)
+            if copied:
+                t.copy_(flat.view(t.shape))
+
+    run.member.receives[request.seq] = complete
+
+
+def _wait(run: _Run, request: m.Collective, tensors: list, outputs: list) -> None:
+    """The client waits for receives (params: their ids): their data lands now, and later
+    ops see it. An id no longer posted was waited for already."""
+    if type(request.params) is not tuple or not all(type(i) is int for i in request.params):
+        raise ProtocolError("a wait names the ids of its receives")
+    for receive in request.params:
+        complete = run.member.receives.pop(receive, None)
+        if complete is not None:
+            complete()
 
 
 # -- the algorithms over a flat tensor ---------------------------------------------------------------
@@ -374,4 +399,5 @@ _KINDS: dict[str, Callable] = {
     "barrier": _barrier,
     "send": _send,
     "recv": _recv,
+    "wait": _wait,
 }

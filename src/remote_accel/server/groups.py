@@ -187,6 +187,7 @@ class Member:
         self.seq = 0  # the last collective run
         self.p2p_sent: dict[int, int] = defaultdict(int)  # point-to-point messages, per peer
         self.p2p_received: dict[int, int] = defaultdict(int)
+        self.receives: dict = {}  # posted receives by the client's id, completed at its wait (collectives.py)
         self._closed = threading.Event()
         self._pinger: Optional[threading.Thread] = None
 
