@@ -245,7 +245,7 @@ class Session(Receiving, Replies):
     def _release(self, reason: str) -> None:
         self.heartbeat.stop()
         if self.members:
-            self.server.groups.leave(self, f"rank's session ended: {reason}", failed=reason != "goodbye")
+            self.server.groups.leave(self, f"its client is gone ({reason})", failed=reason != "goodbye")
         if self.group_grant is not None:
             groups.link_ended(self, reason)
         if self.profiler is not None:
