@@ -178,9 +178,17 @@ class ProcessGroupRaccl(dist.ProcessGroup):
         rank, size = self.rank(), self.size()
         mine = (session.peer_address, handshake.group_key(session.token, self.group_id, rank), session.peer_tls_ca)
         self._store.set(_STORE_PEER.format(rank), codec.encode(mine))
-        peers = tuple(_peer(codec.decode(self._store.get(_STORE_PEER.format(r)))) for r in range(size))
-        timeout = self._timeout.total_seconds() if self._timeout else dist.default_pg_timeout.total_seconds()
-        session.join_group(m.CollJoin(self.group_id, rank, size, peers, float(timeout), float(session.timeout)))
+        keys = [_STORE_PEER.format(r) for r in range(size)]
+        timeout = self._timeout or dist.default_pg_timeout
+        try:  # every rank's first collective on the group waits for the others', as NCCL's does
+            self._store.wait(keys, timeout)
+        except (RuntimeError, dist.DistError) as exc:
+            missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
+            raise dist.DistError(f"raccl: rank(s) {missing} of this group did not reach their first collective on "
+                                 f"it within the group's timeout ({timeout.total_seconds():g} s): {exc}") from None
+        peers = tuple(_peer(codec.decode(self._store.get(key))) for key in keys)
+        session.join_group(m.CollJoin(self.group_id, rank, size, peers, float(timeout.total_seconds()),
+                                      float(session.timeout)))
         self._index = index
         log.info("raccl: rank %d of %d joined on remote_accel:%d (%s)", rank, size, index, session.peer_address)
 
