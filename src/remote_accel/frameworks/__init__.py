@@ -31,6 +31,7 @@ log = logging.getLogger("remote_accel")
 PATCH_POINTS = {
     "accelerate.state": "accelerate",
     "transformers.training_args": "transformers",
+    "transformers.modeling_utils": "transformers",
     "lightning.fabric.accelerators": "lightning",
     "lightning.fabric.connector": "lightning",
     "lightning.pytorch.accelerators": "lightning",
