@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # model_check, the suite's helper
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-NEEDED = ("torchvision", "transformers", "timm", "accelerate", "lightning", "pytorch_lightning")
+NEEDED = ("torchvision", "transformers", "timm", "accelerate", "lightning", "pytorch_lightning", "diffusers", "peft",
+          "sentence_transformers")
 _missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
 if _missing:
     if os.environ.get("REMOTE_ACCEL_MODELS_REQUIRED") == "1":
