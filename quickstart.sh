@@ -5,7 +5,7 @@
 #                          then ./quickstart.sh models
 #   ./quickstart.sh models [pytest args]  third-party models (tests/models) and the device,
 #                          server and end-to-end suites in .venv-models (torch 2.14.1,
-#                          torchvision, transformers, timm)
+#                          torchvision, transformers, timm, accelerate, Lightning)
 #   ./quickstart.sh setup  set up and build .venv only
 #   ./quickstart.sh sanitize [pytest args]  the C/C++ parts built with ASan and UBSan in
 #                          .venv-asan, and the server, wire, dpdk and e2e tests on them
@@ -94,13 +94,17 @@ prepare_venv() {
   fi
 }
 
-# The third-party model tests (tests/models) need torchvision, transformers and timm.
+# The third-party model tests (tests/models) need torchvision, transformers, timm, accelerate and Lightning.
 # PyPI's torchvision loads only beside the torch it was built for, newer than the main
 # venv's, so they get a venv of their own, where the device, server and end-to-end suites
 # run again: the project must work on both torches.
 models_venv=${REMOTE_ACCEL_MODELS_VENV:-.venv-models}
 models_torch=${REMOTE_ACCEL_MODELS_TORCH:-torch==2.14.1 torchvision==0.29.1}
-models_packages=(transformers==5.23.0 timm==1.0.31)
+# the training frameworks (tests/models/test_frameworks_*.py; docs/frameworks.md says how to
+# run those tests against the newest releases) and the libraries of its compatibility matrix
+# (tests/models/test_library_matrix.py)
+models_packages=(transformers==5.23.0 timm==1.0.31 accelerate==1.16.0 lightning==2.6.6 pytorch-lightning==2.6.6
+                 diffusers==0.42.1 peft==0.22.0 sentence-transformers==6.3.0)
 # the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded; so
 # do the tests that no torch can change (any_torch: transports, liveness, auth, pools)
 models_suites=(-m "not slow and not any_torch" tests/models tests/device tests/e2e tests/server)

@@ -127,6 +127,16 @@ def test_explicit_init_replaces_the_environments_session(server_env):
     assert out.stdout.strip() == "True [2.0, 2.0, 2.0]"
 
 
+def test_the_first_use_may_be_torch_tensor(server_env):
+    """torch.tensor(x, device=...) builds its tensor below autograd: a connection made
+    there (the first use, autoload) still checks its autograd queues with autograd on
+    (accelerate's get_max_memory starts with torch.tensor(0, device="remote_accel:0"))."""
+    server, env = server_env
+    env = dict(env, REMOTE_ACCEL_SERVER="%s:%d" % server.tcp, REMOTE_ACCEL_TOKEN=server.token)
+    out = _run("import torch; print(torch.tensor([3.0], device='remote_accel:0').cpu().tolist())", env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[3.0]"
+
 # -- in this process: init() as usual -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def remote():

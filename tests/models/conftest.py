@@ -1,6 +1,7 @@
-"""Third-party models (transformers, torchvision, timm) on remote_accel against CPU.
+"""Third-party models (transformers, torchvision, timm) and training frameworks (transformers'
+Trainer, accelerate, Lightning) on remote_accel against CPU.
 
-They need torchvision, transformers and timm, which load only beside a torch they were
+They need those packages, which load only beside a torch they were
 built for: `./quickstart.sh test` makes a second environment for them (.venv-models,
 torch 2.14.1 + torchvision 0.29.1) and sets REMOTE_ACCEL_MODELS_REQUIRED=1 there, so that
 a missing package fails the run instead of skipping it. Elsewhere (the main environment,
@@ -21,7 +22,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # model_check, the suite's helper
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-NEEDED = ("torchvision", "transformers", "timm")
+NEEDED = ("torchvision", "transformers", "timm", "accelerate", "lightning", "pytorch_lightning", "diffusers", "peft",
+          "sentence_transformers")
 _missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
 if _missing:
     if os.environ.get("REMOTE_ACCEL_MODELS_REQUIRED") == "1":

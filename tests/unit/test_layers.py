@@ -1,6 +1,7 @@
 """The layers of the checkout, read from its source: imports run one way between layers
 (tools -> pytorch_ext/server -> torch_wire -> dataplane, all over the base modules errors,
-config, _version) and never in a circle inside one. Below dataplane lies the DPDK shim, C
+config, _version; pytorch_ext also over frameworks, which knows the device through torch
+alone) and never in a circle inside one. Below dataplane lies the DPDK shim, C
 with a cffi module (src/dpdk_shim; tests/unit/test_c_layers.py checks its own layers).
 
 Every import counts, at any depth of the file: one inside a function or under
@@ -21,7 +22,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 #: the import tree: src/remote_accel/X/Y.py is the module remote_accel.X.Y
 SRC = CHECKOUT / "src"
 #: the subpackages that are layers; the package's own modules are the base
-LAYERS = {"dataplane", "torch_wire", "server", "pytorch_ext", "tools"}
+LAYERS = {"dataplane", "torch_wire", "server", "pytorch_ext", "tools", "frameworks"}
 #: what each layer may import besides itself; pytorch_ext and server stand side by side
 #: (a client and a server share only what lies below them)
 MAY_IMPORT = {
@@ -29,8 +30,11 @@ MAY_IMPORT = {
     "dataplane": {"base"},
     "torch_wire": {"base", "dataplane"},
     "server": {"base", "dataplane", "torch_wire"},
-    "pytorch_ext": {"base", "dataplane", "torch_wire"},
-    "tools": {"base", "dataplane", "torch_wire", "server", "pytorch_ext"},
+    "pytorch_ext": {"base", "dataplane", "torch_wire", "frameworks"},
+    "tools": {"base", "dataplane", "torch_wire", "server", "pytorch_ext", "frameworks"},
+    # the training frameworks' adaptations: init() installs their hook; they reach the
+    # device through torch's own API (torch.accelerator, torch.remote_accel) alone
+    "frameworks": {"base"},
 }
 #: `import remote_accel` sits above every layer but tools (it hands out init() of pytorch_ext),
 #: and so does `remote_accel.parallel` (it names pytorch_ext's DataParallel and pipeline)

@@ -76,15 +76,27 @@ def check_autograd_queues(device_count: int) -> None:
     global _checked_up_to
     if device_count <= _checked_up_to:
         return
-    try:
-        # init() may run inside no_grad: the first use of the device connects (autoload),
-        # and Module.to() converts its parameters under no_grad
-        with torch.enable_grad():
+    failed: list[BaseException] = []
+
+    def backward() -> None:
+        try:
             leaf = torch.zeros((), device=f"remote_accel:{device_count - 1}", requires_grad=True)
             (leaf * 1).backward()
-    except RuntimeError as exc:
-        if "device_ready_queues_" not in str(exc):
-            raise
+        except BaseException as exc:  # raised in the caller's thread below
+            failed.append(exc)
+
+    # In a thread of its own, where autograd is on: init() may run where the caller's
+    # thread has it off, since the first use of the device connects (autoload):
+    # Module.to() converts its parameters under no_grad, and torch.tensor(x,
+    # device="remote_accel") builds its tensor below autograd's dispatch keys, which
+    # enable_grad() does not bring back (accelerate's get_max_memory starts so).
+    checker = threading.Thread(target=backward, name="remote_accel-autograd-check")
+    checker.start()
+    checker.join()
+    if failed:
+        exc = failed[0]
+        if not isinstance(exc, RuntimeError) or "device_ready_queues_" not in str(exc):
+            raise exc
         raise RemoteAccelError(
             f"PyTorch's autograd engine has no queue for remote_accel:{device_count - 1}, although "
             "remote_accel added its queues when it registered the device (a PyTorch whose engine "

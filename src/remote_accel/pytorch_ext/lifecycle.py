@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Optional, Sequence
 
-from .. import config
+from .. import config, frameworks
 from ..dataplane import handshake as hs
 from ..dataplane.tcp import TcpTransport
 from ..dataplane.tls import TlsTransport, client_context
@@ -95,6 +95,7 @@ def init(
 
     global _implicit
     _register.register_device()
+    frameworks.install()  # transformers, accelerate, Lightning: on the device, imported before or after
     if _implicit and runtime.sessions():
         # explicit settings win over the environment's, which connected on first use
         log.info("remote_accel: init() replaces the session(s) made from the environment")
@@ -190,6 +191,7 @@ def connect_on_first_use() -> None:
 
     _register.register_device()
     runtime.connect_on_first_use(connect_from_environment)
+    frameworks.install()
 
 
 def connect_from_environment() -> None:
