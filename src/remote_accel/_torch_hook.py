@@ -40,7 +40,7 @@ def install() -> None:
     after_import("torch", _register)
 
 
-def _register() -> None:
+def _register(torch=None) -> None:
     if _skip:
         return
     try:

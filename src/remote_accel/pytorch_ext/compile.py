@@ -292,16 +292,14 @@ def register_backend() -> None:
         dynamo.register_backend(name="remote_accel")(remote_accel_backend)
 
 
-def _leave_our_frames_alone() -> None:
+def _leave_our_frames_alone(dynamo) -> None:
     """Dynamo compiles every Python frame that runs under torch.compile unless its file
     is on its skip list, as torch's own are. Where a compiled function runs an op on a
     remote tensor eagerly (around a graph break: DistributedDataParallel's forward breaks
     at its C++ reducer), the dispatcher calls the device's Python fallback, and Dynamo
     then tried to trace the fallback's meta inference itself (and failed). Our frames
     are the device's, as torch's C++ kernels are: never traced."""
-    from torch._dynamo import trace_rules
-
-    trace_rules.add("remote_accel")
+    dynamo.trace_rules.add("remote_accel")
 
 
 def _route_default_backend(remote) -> None:
