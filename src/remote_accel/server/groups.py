@@ -189,7 +189,9 @@ class Member:
         self.p2p_received: dict[int, int] = defaultdict(int)
         self.receives: dict = {}  # posted receives by the client's id, completed at its wait (collectives.py)
         self._closed = threading.Event()
+        self._connected = threading.Event()  # connect_all is over (every link tried)
         self._pinger: Optional[threading.Thread] = None
+        self._teller: Optional[threading.Thread] = None  # tells the peers why the group broke
 
     # -- connections ----------------------------------------------------------------------
     def connect_all(self) -> None:
@@ -198,20 +200,22 @@ class Member:
         threading.Thread(target=self._connect_all, name=f"{self.name} connect", daemon=True).start()
 
     def _connect_all(self) -> None:
-        for link in self._links:
-            if link.rank == self.rank or self.broken:
-                continue
-            try:
-                transport = self._connect(link.rank)
-            except Exception as exc:  # noqa: BLE001 (any failure to reach a peer breaks the group)
-                self.fail(f"rank {link.rank}'s server at {self._address(link.rank)} cannot be reached: {exc}")
-                return
-            with self._cond:
-                link.transport = transport
-                self._cond.notify_all()
-            if self._closed.is_set():
-                link.close()
-                return
+        try:
+            for link in self._links:
+                if link.rank == self.rank:
+                    continue
+                try:
+                    transport = self._connect(link.rank)
+                except Exception as exc:  # noqa: BLE001 (any failure to reach a peer breaks the group)
+                    self.fail(f"rank {link.rank}'s server at {self._address(link.rank)} cannot be reached: {exc}")
+                    continue  # the others are still told why
+                with self._cond:
+                    link.transport = transport
+                    self._cond.notify_all()
+                if self._closed.is_set():
+                    link.close()
+        finally:
+            self._connected.set()
         self._pinger = threading.Thread(target=self._ping_loop, name=f"{self.name} pings", daemon=True)
         self._pinger.start()
 
@@ -254,7 +258,10 @@ class Member:
                     return
 
     def close(self) -> None:
+        """End the connections, after the peers were told why the group broke, if it did."""
         self._closed.set()
+        if self._teller is not None:
+            self._teller.join(CONNECT_TIMEOUT_S * (self.size + 1))
         for link in self._links:
             link.close()
 
@@ -357,7 +364,8 @@ class Member:
             self._cond.notify_all()
         if first:
             log.warning("process %s", self.broken)
-            threading.Thread(target=self._tell_peers, args=(self.broken,), daemon=True).start()
+            self._teller = threading.Thread(target=self._tell_peers, args=(self.broken,), daemon=True)
+            self._teller.start()
 
     def abort_from(self, source: int, reason: str) -> None:
         """A peer broke the group: so does this member (its own reason first, if it had one)."""
@@ -367,6 +375,9 @@ class Member:
             self._cond.notify_all()
 
     def _tell_peers(self, reason: str) -> None:
+        """Every peer hears why, also one whose connection was still being made: a peer
+        waiting for this rank's data must not wait out the group's timeout."""
+        self._connected.wait(CONNECT_TIMEOUT_S * self.size)
         meta = m.encode(m.CollAbort(reason))
         for link in self._links:
             if link.transport is not None:
