@@ -41,7 +41,9 @@ for t in "${targets[@]}"; do
              fuzz/codec_fuzz.c -L"$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')" \
              -Wl,-rpath,"$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')" \
              -lpython"$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ;;
-    handshake) "$py" -c 'import atheris' 2>/dev/null || "$py" -m pip install -q atheris ;;
+    # atheris comes with the venv (quickstart.sh's prepare_venv): the run installs nothing
+    handshake) "$py" -c 'import atheris' 2>/dev/null || { echo "[fuzz] atheris is not installed in $venv:" \
+                 "./quickstart.sh setup installs it" >&2; exit 2; } ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,10 @@
 """For every suite, in every venv CI runs: in CI (REMOTE_ACCEL_CI=1, set by .ci/run) a test
-that needs root, tcpdump, network namespaces, a cross compiler or the DPDK transport must
-run: CI is a root Debian machine where quickstart.sh installs all of them and builds the
-transport, so such a skip there (of one test, or of a whole module) means a broken setup
-and fails. Elsewhere these tests skip, saying what they need."""
+that needs root, tcpdump, network namespaces, a cross compiler, the DPDK transport, Ray,
+two CPUs or the profiler built in must run: CI is a 2-core root Debian machine where
+quickstart.sh installs all of them (Ray in the main venv, whose tests alone ask for it:
+they are marked any_torch, which the models venv's run leaves out) and builds the
+transport and the profiler, so such a skip there (of one test, or of a whole module)
+means a broken setup and fails. Elsewhere these tests skip, saying what they need."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 #: skip reasons that CI must never see (every such skip names one of these)
 MUST_RUN_IN_CI = ("root", "tcpdump", "network namespaces", "aarch64", "DPDK transport unavailable",
                   "DPDK transport not built", "DPDK transport is not built", "DPDK drivers are not installed",
-                  "dpdk_shim sources", "remote_accel.dataplane.dpdk")
+                  "dpdk_shim sources", "remote_accel.dataplane.dpdk", "remote_accel.ray needs Ray", "needs two CPUs")
 
 
 @functools.cache

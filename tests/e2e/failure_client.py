@@ -1,7 +1,8 @@
 """A client process for the failure tests: `python failure_client.py SCENARIO TRANSPORT
-SERVER TOKEN TIMEOUT`. It prints one line per event, `name value...`, flushed, so that
-the test (its parent) can act at the right moment (SIGINT, SIGSTOP) and check results.
-The clock is time.monotonic(), the same in every process of the machine."""
+SERVER TOKEN TIMEOUT RECOVERY` (RECOVERY: on, init()'s default, or off). It prints one
+line per event, `name value...`, flushed, so that the test (its parent) can act at the
+right moment (SIGINT, SIGSTOP, SIGKILL) and check results. The clock is time.monotonic(),
+the same in every process of the machine."""
 
 from __future__ import annotations
 
@@ -53,6 +54,16 @@ def frozen(a, timeout: float) -> None:
         say("finished")
     except remote_accel.RemoteAccelError as exc:
         say("error", time.monotonic(), str(exc).splitlines()[0])
+
+
+def killed(a, timeout: float) -> None:
+    """The parent kills the server while we wait and starts it again (recovery on): the
+    wait ends with the result, computed again on the server that came back."""
+    y = long_work(a, 3).sum()
+    say("waiting", time.monotonic())
+    before = remote_accel.stats()["recoveries"]
+    value = y.item()
+    say("finished", time.monotonic(), value == value, remote_accel.stats()["recoveries"] - before)
 
 
 def interrupted(a, timeout: float) -> None:
@@ -120,14 +131,13 @@ def stale(a, timeout: float) -> None:
 
 
 def main() -> int:
-    scenario, transport, server, token, timeout = sys.argv[1:6]
+    scenario, transport, server, token, timeout, recovery = sys.argv[1:7]
     timeout = float(timeout)
     kwargs = {"server": server} if transport == "tcp" else {}
-    # recovery off: these scenarios are about a server that stays dead or frozen
-    remote_accel.init(transport=transport, token=token, timeout=timeout, recovery=False, **kwargs)
+    remote_accel.init(transport=transport, token=token, timeout=timeout, recovery=recovery == "on", **kwargs)
     a = torch.randn(1024, 1024, device="remote_accel")
     say("ready")
-    {"busy": busy, "frozen": frozen, "interrupted": interrupted, "stale": stale}[scenario](a, timeout)
+    {"busy": busy, "frozen": frozen, "killed": killed, "interrupted": interrupted, "stale": stale}[scenario](a, timeout)
     return 0
 
 

@@ -5,6 +5,7 @@ over their own connection; the client's byte counters show the bytes did not pas
 """
 
 import json
+import logging
 import os
 import pathlib
 import secrets
@@ -22,10 +23,10 @@ import torch
 import remote_accel
 from remote_accel.dataplane import messages as m
 from remote_accel.errors import ProtocolError
-from remote_accel.pytorch_ext import handles, runtime
+from remote_accel.pytorch_ext import handles, recovery, runtime
 from remote_accel.server import peer
 from remote_accel.server.peer import PeerCopies
-from remote_accel.server.testing import ServerProcess
+from remote_accel.server.testing import ServerProcess, tcp_sockets, wait_for
 
 pytestmark = pytest.mark.any_torch
 
@@ -137,6 +138,19 @@ def test_tokens_must_match_servers(two_servers):
     assert not remote_accel.is_initialized()
 
 
+def test_a_list_as_token_gives_each_server_its_own(two_servers):
+    """init(servers=[a, b], token=[ta, tb]): the README's other spelling of tokens=[...]."""
+    a, b = two_servers
+    remote_accel.init(transport="tcp", servers=[f"{a.tcp[0]}:{a.tcp[1]}", f"{b.tcp[0]}:{b.tcp[1]}"],
+                      token=[a.token, b.token])
+    try:
+        assert [runtime.session(i).token for i in (0, 1)] == [a.token, b.token]
+        y = torch.arange(4.0).to("remote_accel:0").to("remote_accel:1")  # b's token keys the direct copy
+        assert torch.equal(y.cpu(), torch.arange(4.0))
+    finally:
+        remote_accel.shutdown()
+
+
 def test_a_server_of_the_pair_keeps_other_clients_isolated(pair):
     from remote_accel.server.testing import Client
 
@@ -150,6 +164,68 @@ def test_a_server_of_the_pair_keeps_other_clients_isolated(pair):
             other.read(sid, 16)
         assert other.stats()["storages"] == 0
     assert torch.equal(y.cpu(), torch.arange(1000, dtype=torch.float32))
+
+
+# -- recovery (init()'s default) when a server of a copy dies ------------------------------------------
+def _copied(host: torch.Tensor) -> tuple:
+    """host on remote_accel:0, copied server to server onto remote_accel:1 (shown by the
+    destination's count of direct copies), both checked."""
+    before = remote_accel.server_stats(1)["peer_copies_received"]
+    x = host.to("remote_accel:0")
+    y = x.to("remote_accel:1")
+    assert torch.equal(y.cpu(), host)
+    assert remote_accel.server_stats(1)["peer_copies_received"] == before + 1  # it came from server 0
+    return x, y
+
+
+def test_a_destination_killed_after_a_direct_copy_is_a_clear_error_never_other_data(pair, caplog):
+    """The copy's bytes came from the other server and are on no client: until the
+    destination's session takes its next snapshot it cannot be rebuilt, and says so,
+    instead of replaying the copy from a source whose storage may have changed since."""
+    a, b = pair
+    host = torch.arange(1000.0)
+    x, y = _copied(host)
+    b.kill()
+    b.restart()
+    with caplog.at_level(logging.ERROR, logger="remote_accel"), \
+            pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+        (y + 1).cpu()
+    assert "this session cannot be rebuilt: a direct copy from another server came in" in caplog.text, caplog.text
+    with pytest.raises(remote_accel.RemoteAccelError):
+        y.cpu()  # and so it stays: never data
+    assert torch.equal((x * 2).cpu(), host * 2)  # the source's session never noticed
+    assert remote_accel.stats(0)["recoveries"] == 0
+
+
+def test_a_destination_recovers_again_once_a_snapshot_followed_the_copy(pair, monkeypatch):
+    a, b = pair
+    # a snapshot at every sync point with work since the last (time share permitting):
+    # the copy's read below is one; by default one comes within a minute
+    monkeypatch.setattr(recovery, "SNAPSHOT_EVERY_S", 0.0)
+    monkeypatch.setattr(recovery, "SNAPSHOT_SHARE", 1.0)
+    host = torch.arange(1000.0)
+    snapshots = remote_accel.stats(1)["recovery_snapshots"]
+    x, y = _copied(host)
+    assert remote_accel.stats(1)["recovery_snapshots"] > snapshots  # the scenario: one after the copy
+    b.kill()
+    b.restart()
+    assert torch.equal((y + 1).cpu(), host + 1)
+    assert remote_accel.stats(1)["recoveries"] == 1
+
+
+def test_a_source_killed_after_a_direct_copy_recovers_and_sends_no_copy_again(pair):
+    """The source's session keeps no part of the copy to replay (its PeerSend): it is
+    rebuilt, and the destination gets no second copy."""
+    a, b = pair
+    host = torch.arange(1000.0)
+    x, y = _copied(host)
+    received = remote_accel.server_stats(1)["peer_copies_received"]
+    a.kill()
+    a.restart()
+    assert torch.equal((x * 2).cpu(), host * 2)
+    assert remote_accel.stats(0)["recoveries"] == 1  # the scenario: server 0 died and its session recovered
+    assert remote_accel.server_stats(1)["peer_copies_received"] == received
+    assert torch.equal(y.cpu(), host)
 
 
 def test_peer_bytes_are_in_the_servers_metrics():
@@ -261,22 +337,20 @@ def test_a_client_that_leaves_during_a_copy_ends_the_destination_s_wait():
     """The client is killed while the destination waits for a copy that its source, busy
     with the client's earlier work, has not sent yet: the destination's session ends within
     seconds (its heartbeat to the client fails), not when the source comes to the copy."""
-    with ServerProcess("--threads", "1", token="token-a") as a, ServerProcess(token="token-b") as b:
+    with ServerProcess("--threads", "1", token="token-a") as a, \
+            ServerProcess("--log-level", "debug", token="token-b") as b:
         client = subprocess.Popen([sys.executable, "-c", LEAVER, "%s:%d" % a.tcp, "%s:%d" % b.tcp, a.token, b.token,
                                    str(SOURCE_WORK_S), os.path.dirname(__file__)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert client.stdout.readline().strip() == "waiting", client.stderr.read()
-            time.sleep(1.0)  # the destination's session is in its wait for the copy
+            # the scenario: the destination's session is in its wait for the copy
+            wait_for(lambda: "waiting for a copy" in b.log(), "the destination to wait for the copy")
             client.kill()
             client.wait()
-            killed = time.monotonic()
-            while "client disconnected" not in b.log() and time.monotonic() - killed < SOURCE_WORK_S:
-                time.sleep(0.1)
-            left = time.monotonic() - killed
-            assert "client disconnected" in b.log(), b.log()
+            wait_for(lambda: "client disconnected" in b.log(), "the destination's session to end", SOURCE_WORK_S)
             # beats every 0.5 s; the source still works for the gone client (its session
             # ends after its batch), so the copy had not come
-            assert left < 5.0 and "client disconnected" not in a.log(), (left, b.log(), a.log())
+            assert "client disconnected" not in a.log(), (b.log(), a.log())
             assert a.alive() and b.alive()
             a.kill()  # stopped, it would first finish the gone client's work
         finally:
@@ -421,13 +495,17 @@ def test_copies_keep_one_connection_and_open_another_once_the_destination_ended_
             assert (stats["peer_copies_sent"], stats["peer_links_opened"]) == (5, 1)
             # a copy connection is no client of b: b counts only this client's session
             assert remote_accel.server_stats(1)["server_sessions"] == 1
-            time.sleep(6.5)  # b ends the idle copy connection after 5 s (the client's own session pings)
+            # b ends the idle copy connection after 5 s (the client's own session pings): a's
+            # end of it, then, is the one connection to b's port the kernel shows half closed
+            wait_for(lambda: [s for s in tcp_sockets(b.tcp[1]) if s.remote_port == b.tcp[1]
+                              and s.state == "CLOSE_WAIT"], "b to end the idle copy connection", 60)
             assert torch.equal((x * 3).to("remote_accel:1").cpu(), host * 3)
             torch.remote_accel.synchronize(0)
             stats = remote_accel.server_stats(0)
             assert (stats["peer_copies_sent"], stats["peer_links_opened"], stats["peer_links_kept"]) == (6, 2, 1)
-            time.sleep(peer.KEEP_LINK_S + 1)  # with no copy to follow, a closes it itself
-            assert remote_accel.server_stats(0)["peer_links_kept"] == 0
+            # with no copy to follow, a closes it itself, KEEP_LINK_S after the copy
+            wait_for(lambda: remote_accel.server_stats(0)["peer_links_kept"] == 0, "a to close its kept connection",
+                     peer.KEEP_LINK_S + 60, every=0.2)
             assert "Traceback" not in a.log() + b.log()
         finally:
             remote_accel.shutdown()

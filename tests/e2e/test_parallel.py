@@ -9,6 +9,7 @@ replica's ops without a round trip, and fail clearly on a bad device list.
 from __future__ import annotations
 
 import copy
+import logging
 import subprocess
 import sys
 import threading
@@ -104,6 +105,42 @@ def test_transformer_trains_as_on_one_device_with_the_whole_batch(session, n):
     assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
     _assert_close_params(model, ref)
     assert all(p.device == torch.device("remote_accel:0") for p in model.parameters())
+
+
+class _CentredOverDim0(nn.Module):
+    """A linear layer whose outputs are centred over dimension 0: its result depends on
+    which indices of dimension 0 one call sees, so that it tells a split along dimension 1
+    (each call sees them all) from one along dimension 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return h - h.mean(dim=0, keepdim=True)
+
+
+def test_dim_splits_the_batch_along_that_dimension_and_gathers_it_back(session):
+    """DataParallel(dim=1), for a batch laid out along dimension 1 (a sequence-first RNN's):
+    the result and gradients of one device with the whole batch; split along dimension 0
+    (the default) the same module gives another result."""
+    torch.manual_seed(4)
+    ref = _CentredOverDim0()
+    model = copy.deepcopy(ref).to("remote_accel:0")
+    x = torch.randn(5, 6, 8)
+    xs = x.to("remote_accel:0")
+    out = DataParallel(model, devices=[0, 1, 2], dim=1)(xs)
+    expected = ref(x)
+    assert out.shape == (5, 6, 3) and out.device == torch.device("remote_accel:0")
+    assert torch.allclose(out.cpu(), expected, atol=1e-5)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.allclose(p.grad.cpu(), q.grad, atol=1e-4), name
+    with torch.no_grad():
+        along_rows = DataParallel(model, devices=[0, 1, 2])(xs).cpu()
+    assert not torch.allclose(along_rows, expected.detach(), atol=1e-3)  # the dim asked for was the one used
 
 
 def _as_nn_dataparallel(module: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -326,7 +363,9 @@ def test_pipeline_gradients_equal_the_unsplit_module(session):
     assert _delta(before, after, "bytes_up") == [0] * N_SERVERS and _delta(before, after, "bytes_down") == [0] * 3
 
 
+@pytest.mark.any_torch  # the server-list runs above take DataParallel and pipeline through any torch
 def test_over_a_ray_pool_as_over_a_server_list():
+    # a skip CI turns into a failure: its main venv has Ray; the models venv has none and leaves it out (any_torch)
     ray = pytest.importorskip("ray", reason="remote_accel.ray needs Ray: pip install 'remote_accel[ray]'")
     import remote_accel.ray
 
@@ -417,6 +456,82 @@ def test_a_server_that_is_gone_is_named_and_nothing_hangs(servers):
     finally:
         remote_accel.shutdown()
         extra.stop()
+
+
+# -- recovery (init()'s default) when a server dies: copies between servers hold state no client has
+@pytest.fixture(scope="module")
+def doomed():
+    """A server for the tests that kill it (and start it again on its address)."""
+    with ServerProcess("--threads", "1", token="token-doomed") as proc:
+        yield proc
+
+
+def _killed_and_restarted(server: ServerProcess, caplog) -> None:
+    """Kill the server of remote_accel:1 and start it again on its address, as a supervisor
+    would; its session, fed by copies from server 0, could reconnect but must not replay:
+    its next use is a clear error, and the log says why.
+
+    Noticed there first, not by a copy's half: a half that went to the live server while
+    the dead one's half failed leaves the live one waiting for the other half, until the
+    copy's timeout (server/peer.py PEER_TIMEOUT_S, 2 minutes): the restarted server listens
+    where the dead one did, so the live one's probe of it passes."""
+    server.kill()
+    server.restart()
+    with caplog.at_level(logging.ERROR, logger="remote_accel"), \
+            pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+        torch.remote_accel.synchronize(1)
+    assert "cannot be rebuilt: a direct copy from another server came in" in caplog.text, caplog.text
+
+
+def test_a_replica_server_that_dies_between_dataparallel_steps_is_a_clear_error_never_other_data(servers, doomed,
+                                                                                                  caplog):
+    """DataParallel copies the parameters into each replica and the gradients back, server
+    to server: a replica's session holds bytes no client has, so it cannot be rebuilt
+    until its next snapshot (docs/design/recovery.md). Its use raises, the log says why,
+    the next step raises at once, and the model on remote_accel:0 keeps the last step's
+    values."""
+    remote_accel.init(transport="tcp", servers=["%s:%d" % servers[0].tcp, "%s:%d" % doomed.tcp],
+                      tokens=[servers[0].token, doomed.token], timeout=30.0)
+    try:
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).to("remote_accel:0")
+        dp = DataParallel(model, devices=[0, 1])
+        opt = torch.optim.SGD(dp.parameters(), lr=0.1)
+        batch = [(torch.randn(6, 4), torch.randn(6, 2))]
+        _train(dp, opt, batch, "remote_accel:0")
+        # the scenario: the replica's parameters came from server 0, server to server
+        assert remote_accel.server_stats(1)["peer_copies_received"] > 0
+        saved = [p.detach().cpu() for p in model.parameters()]
+        _killed_and_restarted(doomed, caplog)
+        with pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+            _train(dp, opt, batch, "remote_accel:0")
+        assert all(torch.equal(p.detach().cpu(), q) for p, q in zip(model.parameters(), saved))
+    finally:
+        remote_accel.shutdown()
+
+
+def test_a_pipeline_stage_s_server_that_dies_between_steps_is_a_clear_error(servers, doomed, caplog):
+    """A pipeline's later stage receives its parameters and activations from the stage
+    before it, server to server: the same holds for it."""
+    remote_accel.init(transport="tcp", servers=["%s:%d" % servers[0].tcp, "%s:%d" % doomed.tcp],
+                      tokens=[servers[0].token, doomed.token], timeout=30.0)
+    try:
+        torch.manual_seed(6)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4)]).to("remote_accel:0")
+        pipe = pipeline(model, chunks=2)
+        x = torch.randn(4, 8)
+        first = pipe(x.to("remote_accel:0")).sum().item()
+        # the scenario: the second stage lives on the server that dies, fed by copies
+        assert [next(s.parameters()).device.index for s in pipe.stages] == [0, 1]
+        assert remote_accel.server_stats(1)["peer_copies_received"] > 0
+        _killed_and_restarted(doomed, caplog)
+        with pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
+            pipe(x.to("remote_accel:0")).sum().item()
+        with pytest.raises(remote_accel.RemoteAccelError):
+            next(pipe.stages[1].parameters()).cpu()  # the dead stage's tensors: an error, never data
+        assert first == first  # a number: the step before the death was whole
+    finally:
+        remote_accel.shutdown()
 
 
 def test_importable_both_ways():

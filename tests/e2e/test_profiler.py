@@ -5,18 +5,38 @@ time, beside the client's CPU events; a profile of the CPU alone asks the server
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
+from torch.utils import cpp_extension
 
 import remote_accel
 from remote_accel.pytorch_ext._native import load
 from remote_accel.server.testing import ServerProcess
 
-pytestmark = pytest.mark.skipif(not load().profiler_available(),
-                                reason="this torch has no PrivateUse1 profiler registry (torch < 2.10)")
+#: the headers whose presence decides, when the C++ device is compiled, whether the profiler
+#: is built in (pytorch_ext/csrc/profiler.cpp's __has_include)
+REGISTRY_HEADERS = ("torch/csrc/profiler/standalone/privateuse1_profiler.h", "kineto/IActivityProfiler.h")
+
+
+def _torch_has_the_registry() -> bool:
+    include = cpp_extension.include_paths()[0]  # torch's own include folder
+    return all(os.path.exists(os.path.join(include, header)) for header in REGISTRY_HEADERS)
+
+
+@pytest.fixture(autouse=True)
+def profiler_built(require_in_ci):
+    """A torch without the registry (< 2.10) is a reason to skip; a torch that has it and
+    a build that compiled the profiler out is a broken build, which CI must not skip."""
+    if load().profiler_available():
+        return
+    if not _torch_has_the_registry():
+        pytest.skip(f"torch {torch.__version__} has no PrivateUse1 profiler registry (torch < 2.10)")
+    require_in_ci(f"the profiler was compiled out although torch {torch.__version__} has its registry headers "
+                  f"({', '.join(REGISTRY_HEADERS)}): rebuild remote_accel")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,11 @@
 """What a user meets when sessions end, memory runs out, or init() meets the wrong peer,
 the wrong token or a process where torch already ran: clear RemoteAccelErrors, as on
-CUDA, against real server processes over TCP."""
+CUDA, against real server processes over TCP.
+
+Marked any_torch (the models venv's run leaves them out): the tests of sessions, peers and
+tokens alone. Those whose result goes through the device's C++ parts and torch's own
+machinery (stale tensors served from plans, the allocator's memory accounting, a backward
+before init) run under every torch."""
 
 from __future__ import annotations
 
@@ -50,12 +55,16 @@ def test_tensors_of_a_closed_session_raise_and_never_read_garbage(shut):
         assert (new * 2).cpu().tolist() == [0.0, 2.0, 4.0]  # the new session is unaffected
 
 
-def test_init_after_the_server_died_needs_no_shutdown(shut):
+@pytest.mark.any_torch
+@pytest.mark.parametrize("recovery", [False, True], ids=["recovery-off", "recovery-on"])
+def test_init_after_the_server_died_needs_no_shutdown(shut, recovery):
     with ServerProcess() as first:
-        _init(first, timeout=3, recovery=False)
+        # with recovery the session waits recovery_timeout for a server to come back at
+        # that address: none does here, so a short one
+        _init(first, timeout=3, recovery=recovery, recovery_timeout=1.0)
         old = torch.ones(2, device="remote_accel")
         first.kill()
-        with pytest.raises(remote_accel.RemoteAccelError):
+        with pytest.raises(remote_accel.RemoteAccelError, match="is gone"):
             (old + 1).cpu()
     with ServerProcess() as second:  # a restarted server
         _init(second)
@@ -138,6 +147,7 @@ class _Peer:
                 c.close()
 
 
+@pytest.mark.any_torch
 @pytest.mark.parametrize("kind", ["silent", "http", "ssh"])
 def test_init_against_a_wrong_peer_says_so_within_the_timeout(kind):
     peer = _Peer(kind)
@@ -152,6 +162,7 @@ def test_init_against_a_wrong_peer_says_so_within_the_timeout(kind):
 
 
 # -- tokens ----------------------------------------------------------------------------------------
+@pytest.mark.any_torch
 def test_a_missing_token_file_is_named_in_the_refusal(tmp_path, monkeypatch):
     with ServerProcess() as server:
         monkeypatch.delenv("REMOTE_ACCEL_TOKEN", raising=False)

@@ -107,6 +107,31 @@ def test_a_server_process_is_not_its_own_client(server_env):
     assert out.stdout.strip() == "False privateuseone"
 
 
+# the same script, then which link the session took
+OVER_WHICH_LINK = TRAIN_WITHOUT_IMPORT + textwrap.dedent("""
+    print("link", sys.modules["remote_accel.pytorch_ext.runtime"].session(0).transport.peer.split(":")[0])
+""")
+
+
+@pytest.mark.dpdk
+@pytest.mark.any_torch  # the TCP autoload above runs under every torch; this differs only in the link
+def test_autoload_over_dpdk_from_the_transport_variable_alone_with_the_local_token_file(needs_dpdk):
+    """REMOTE_ACCEL_TRANSPORT=dpdk is all the environment says: the local server's memif
+    socket and its token file (in the runtime folder, as a local server writes them) do the
+    rest: no REMOTE_ACCEL_SERVER, no REMOTE_ACCEL_TOKEN."""
+    with ServerProcess("--transport", "tcp,dpdk", start_timeout=240) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_ACCEL_")}
+        env.update(REMOTE_ACCEL_TRANSPORT="dpdk", REMOTE_ACCEL_RUNTIME_DIR=server.runtime_dir)
+        assert os.path.exists(os.path.join(server.runtime_dir, "token"))  # the local token file
+        out = _run(OVER_WHICH_LINK, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["accelerator"] == "True True 1 False"
+    device, loss = lines["device"].split()
+    assert device == "remote_accel:0" and lines["link"] == "dpdk"
+    assert float(loss) == pytest.approx(_local_loss(), rel=1e-5)
+
+
 EXPLICIT_INIT_WINS = textwrap.dedent("""
     import sys, torch
     x = torch.ones(3, device="remote_accel")  # connects to the environment's server
@@ -226,6 +251,67 @@ def test_events_time_the_servers_work(remote):
     never = torch.Event(device="remote_accel", enable_timing=True)
     with pytest.raises(ValueError, match="recorded"):
         never.elapsed_time(end)  # torch's own check, as on CUDA
+
+
+def test_streams_and_event_waits_as_cuda_code_writes_them(remote):
+    """torch.cuda's stream idioms: stream(), wait_stream, default_stream, Event.wait. One
+    stream per device runs everything in issue order, so the waits have nothing to order:
+    they must be accepted, and the work around them give the results it gives without."""
+    x = torch.randn(64, 64)
+    xd = x.to("remote_accel")
+    side = torch.remote_accel.Stream()
+    assert torch.remote_accel.default_stream() == torch.remote_accel.current_stream()
+    assert side.device == torch.device("remote_accel:0")
+    with torch.remote_accel.stream(side):
+        assert torch.remote_accel.current_device() == side.device.index
+        y = xd @ xd
+    torch.remote_accel.current_stream().wait_stream(side)
+    done = torch.Event(device="remote_accel")
+    done.record()
+    done.wait()  # the current stream waits for it
+    done.wait(side)
+    side.wait_event(done)
+    z = torch.tanh(y)
+    torch.testing.assert_close(z.cpu(), torch.tanh(x @ x))
+    done.synchronize()
+    assert done.query()
+
+
+def test_activation_checkpointing_gives_the_gradients_of_a_plain_backward(remote):
+    """torch.utils.checkpoint, both ways: the forward runs again on the server during
+    backward, and the gradients are CPU's."""
+    torch.manual_seed(5)
+    x, w = torch.randn(16, 32), torch.randn(32, 32)
+
+    def block(a, b):
+        return torch.tanh(a @ b).sin() @ b
+
+    (block(x, w.requires_grad_()).square().sum()).backward()
+    for reentrant in (False, True):
+        wd = w.detach().to("remote_accel").requires_grad_()
+        xd = x.to("remote_accel").requires_grad_(reentrant)  # the reentrant form needs an input that requires grad
+        out = torch.utils.checkpoint.checkpoint(block, xd, wd, use_reentrant=reentrant)
+        out.square().sum().backward()
+        torch.testing.assert_close(wd.grad.cpu(), w.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_func_transforms_give_cpu_s_results(remote):
+    """torch.func over device tensors: grad, vmap, jacrev, jvp and functional_call."""
+    torch.manual_seed(6)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    xd, wd = x.to("remote_accel"), w.to("remote_accel")
+
+    def loss(b, a):
+        return torch.tanh(a @ b).sum()
+
+    torch.testing.assert_close(torch.func.grad(loss)(wd, xd).cpu(), torch.func.grad(loss)(w, x))
+    torch.testing.assert_close(torch.func.vmap(lambda row: row @ wd)(xd).cpu(), x @ w)
+    torch.testing.assert_close(torch.func.jacrev(torch.sin)(xd[0]).cpu(), torch.func.jacrev(torch.sin)(x[0]))
+    _, tangent = torch.func.jvp(torch.sin, (xd,), (torch.ones_like(xd),))
+    torch.testing.assert_close(tangent.cpu(), torch.cos(x))
+    model = torch.nn.Linear(8, 2)
+    params = {name: p.detach().to("remote_accel") for name, p in model.named_parameters()}
+    torch.testing.assert_close(torch.func.functional_call(model, params, (xd,)).cpu(), model(x).detach())
 
 
 def test_device_properties_describe_the_servers_device(remote):

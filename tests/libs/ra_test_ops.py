@@ -59,3 +59,56 @@ def _crash_after(x: torch.Tensor, seconds: float) -> torch.Tensor:
 
 _lib.impl("crash_after", _crash_after, "CPU")
 _lib.impl("crash_after", lambda x, seconds: torch.empty_like(x), "Meta")
+
+# The device fails while this op runs, as under a CUDA device-side assert: the error is
+# sticky (the server's device counts as lost from then on: it answers the client
+# `device_lost` and exits with status 3, EXIT_DEVICE_LOST), so that a CPU server takes the
+# path a GPU server takes. `once`: a file whose existence arms the failure; the op removes
+# it, so the failure happens once (a transient fault: a replay then runs the op cleanly),
+# where "" fails every time (a deterministic assert: its replay fails again). Its output's
+# shape is not known ahead (no Meta kernel), so the client runs it with a reply, and that
+# reply carries the server's `device_lost` answer, as a sync point's does on CUDA.
+_lib.define("lose_device(Tensor x, str once) -> Tensor")
+
+
+class DeviceAssert(RuntimeError):
+    """What a CUDA kernel's failed assert raises (torch.AcceleratorError on CUDA)."""
+
+
+def _lose_device(x: torch.Tensor, once: str) -> torch.Tensor:
+    import os
+
+    if once:
+        try:
+            os.remove(once)
+        except FileNotFoundError:
+            return x.clone()
+    from remote_accel.server.device import ComputeDevice
+
+    ComputeDevice.lost = lambda self, exc: True  # sticky, as a CUDA context's error is
+    raise DeviceAssert("CUDA error: device-side assert triggered (ra_test::lose_device)")
+
+
+_lib.impl("lose_device", _lose_device, "CPU")
+
+# A pause inside the server's work, for a test to act while a client waits on it: when the
+# file `once` exists, the op removes it (the test sees that the server is in the op) and
+# sleeps `seconds` (the test kills the server meanwhile); otherwise, a replay's for one,
+# it returns at once. The result is a copy of x.
+_lib.define("pause(Tensor x, str once, float seconds) -> Tensor")
+
+
+def _pause(x: torch.Tensor, once: str, seconds: float) -> torch.Tensor:
+    import os
+    import time
+
+    try:
+        os.remove(once)
+    except FileNotFoundError:
+        return x.clone()
+    time.sleep(seconds)
+    return x.clone()
+
+
+_lib.impl("pause", _pause, "CPU")
+_lib.impl("pause", lambda x, once, seconds: torch.empty_like(x), "Meta")

@@ -167,3 +167,30 @@ def test_cpu_server_reports_no_device_figures(server):
         assert not [name for name in s if name.startswith("remote_accel_device_")]
     else:  # REMOTE_ACCEL_TEST_DEVICE=cuda: what the GPU reports
         assert s.value("remote_accel_device_memory_total_bytes") > 0
+
+
+def test_limits_and_swapped_bytes_are_gauges_and_every_error_kind_has_a_series():
+    """--max-clients and --memory-limit as gauges; a client's bytes swapped out to host
+    memory (--swap-space) as its own gauge; every ErrorReply kind a series from the
+    start (device_lost included: a server whose device failed exits at once, status 3,
+    so a scrape sees that series at 0 and the supervisor's restarts tell the rest)."""
+    mb = 1 << 20
+    with ServerProcess("--metrics", "127.0.0.1:0", "--max-clients", "3", "--memory-limit", "32M",
+                       "--device-memory", "8M", "--swap-space", "64M") as server:
+        fresh = scrape(server.metrics_url)
+        assert fresh.value("remote_accel_max_clients") == 3
+        assert fresh.value("remote_accel_memory_limit_bytes") == 32 * mb
+        assert set(fresh.labels("remote_accel_op_errors_total", "kind")) == {
+            "op", "oom", "bad_handle", "unknown_op", "protocol", "device_lost"}
+        assert fresh.value("remote_accel_op_errors_total", kind="device_lost") == 0
+        with Client.tcp(*server.tcp, token=server.token) as client:
+            for i in range(3):  # 9 MiB on a device of 8: the first storage goes out
+                client.upload(torch.full((3 * mb // 4,), float(i)))
+            client.sync()
+            assert client.stats()["swapped_out_bytes"] == 3 * mb  # the scenario: one storage swapped out
+            during = scrape(server.metrics_url)
+            slot = next(iter(during.labels("remote_accel_client_info", "client")))
+            assert during.value("remote_accel_swapped_bytes", client=slot) == 3 * mb
+            assert during.value("remote_accel_memory_bytes", client=slot) == 9 * mb
+        after = idle(server)
+        assert after.value("remote_accel_swapped_bytes", client=slot) == 0  # freed with the client

@@ -241,6 +241,7 @@ def on_receive(session, request: m.PeerReceive) -> None:
     slot = _Slot(host_bytes(view if staging is None else staging), request.nbytes)
     copies = server.peer_copies
     copies.expect(request.ticket, slot)
+    log.debug("session %d: waiting for a copy of %d bytes from %s", session.number, request.nbytes, request.source)
     try:
         started = time.monotonic()
         deadline = started + PEER_TIMEOUT_S

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any, NamedTuple, Optional
@@ -163,6 +164,93 @@ class ServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
         self._dir.cleanup()
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, every: float = 0.02):
+    """Poll `predicate()` until it returns something true, and return that; an
+    AssertionError naming `what` after `timeout` seconds. For a test that waits on an event
+    (a counter, a log line, a socket's state) instead of sleeping for a fixed time: the
+    deadline is generous, since on a loaded machine only the event says when to go on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        time.sleep(every)
+
+
+class TcpSocket(NamedTuple):
+    """One IPv4 TCP socket of this host, as the kernel sees it (/proc/net/tcp)."""
+
+    local_port: int
+    remote_port: int
+    state: str  # "ESTABLISHED", "CLOSE_WAIT", ... (TCP_STATES)
+    tx_queue: int  # bytes sent and not yet acknowledged by the peer
+    rx_queue: int  # bytes received and not yet read by the process that owns it
+
+
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
+              7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
+
+
+def tcp_sockets(port: int) -> list[TcpSocket]:
+    """This host's IPv4 TCP sockets with `port` at either end (Linux's /proc/net/tcp): what
+    a test can see of a connection that no counter of ours shows (a server that has read
+    every byte sent to it, a peer that closed its end)."""
+    out = []
+    with open("/proc/net/tcp") as f:
+        next(f)  # the header line
+        for line in f:
+            fields = line.split()
+            local, remote = (int(a.rpartition(":")[2], 16) for a in fields[1:3])
+            if port not in (local, remote):
+                continue
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            out.append(TcpSocket(local, remote, TCP_STATES.get(int(fields[3], 16), fields[3]), tx, rx))
+    return out
+
+
+def unread_bytes(sock) -> Optional[int]:
+    """Bytes sent on connected socket `sock` that the peer's process has not read yet (in
+    flight or waiting in its receive queue, both ends on this host); None once the peer's
+    end is gone or closed."""
+    ours, theirs = sock.getsockname()[1], sock.getpeername()[1]
+    sockets = tcp_sockets(ours)
+    peer = [s for s in sockets if s.local_port == theirs and s.remote_port == ours and s.state == "ESTABLISHED"]
+    if not peer:
+        return None
+    return sum(s.tx_queue for s in sockets if s.local_port == ours and s.remote_port == theirs) + peer[0].rx_queue
+
+
+class Supervisor:
+    """Restarts a ServerProcess whenever it exits, as systemd's Restart=on-failure does;
+    `exits` holds each exited process's status and `logs` its log (a restart starts a new one)."""
+
+    def __init__(self, server: ServerProcess):
+        self.server = server
+        self.restarts = 0
+        self.exits: list[int] = []
+        self.logs: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            if not self.server.alive():
+                self.exits.append(self.server.proc.returncode)
+                self.logs.append(self.server.log())
+                self.server.restart()
+                self.restarts += 1
+
+    def __enter__(self) -> "Supervisor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class Scrape(dict):
