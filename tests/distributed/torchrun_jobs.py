@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
@@ -42,10 +43,16 @@ def torchrun(script: str, ranks: int, servers: Sequence[ServerProcess], *args: s
         launch = ["--master_port", str(_free_port()), "--max-restarts", str(restarts)]
     else:
         launch = ["--standalone"]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *launch, "--nproc_per_node", str(ranks),
-                           str(HERE / script), *args], env=run_env, capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S)
-    return Job(proc.returncode, (proc.stdout + proc.stderr).splitlines())
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as logs:
+        # each rank's output in a file of its own (--redirects 3): lines of two ranks
+        # printed at once do not run into each other
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *launch, "--nproc_per_node", str(ranks),
+                               "--log-dir", logs, "--redirects", "3", str(HERE / script), *args], env=run_env,
+                              capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        ranks_output = []
+        for path in sorted(Path(logs).rglob("std*.log"), key=lambda p: (str(p.parent.parent), str(p))):
+            ranks_output += path.read_text(errors="replace").splitlines()
+    return Job(proc.returncode, ranks_output + (proc.stdout + proc.stderr).splitlines())
 
 
 def ranks_alone(script: str, ranks: int, servers: Sequence[ServerProcess], *args: str,
