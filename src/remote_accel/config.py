@@ -61,6 +61,14 @@ def setting(name: str) -> str:
     return os.environ.get(name, default).strip() or default
 
 
+def servers(argument: Optional[str] = None) -> list:
+    """init()'s server argument, else REMOTE_ACCEL_SERVER: "HOST:PORT", or several
+    comma-separated (remote_accel:0, remote_accel:1, ...); [None] where neither names one
+    (the default server)."""
+    named = argument or setting(ENV_SERVER)
+    return [s.strip() for s in named.split(",")] if named else [None]
+
+
 def whole_number(name: str) -> int:
     """A setting that is a count or a size: a clear error for anything but a whole number >= 0."""
     value = setting(name)

@@ -11,7 +11,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
+# each rank takes its own device; where ranks outnumber the servers, they share them
+torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]) % torch.accelerator.device_count())
 dist.init_process_group()
 dev = torch.device("remote_accel", torch.accelerator.current_device_index())
 BATCH = 8  # per rank

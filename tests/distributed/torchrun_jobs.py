@@ -37,7 +37,7 @@ def torchrun(script: str, ranks: int, servers: Sequence[ServerProcess], *args: s
     server there is). With `restarts`: `--max-restarts RESTARTS` on a static rendezvous
     (`--master_port`), where torch's own restarts work (in torch 2.13, a c10d rendezvous's
     second round did not start gloo, with or without remote_accel)."""
-    run_env = dict(os.environ, REMOTE_ACCEL_SERVER=",".join("%s:%d" % s.tcp for s in servers),
+    run_env = dict(os.environ, REMOTE_ACCEL_SERVER=",".join(map(address, servers)),
                    REMOTE_ACCEL_TOKEN=",".join(s.token for s in servers), **(env or {}))
     if restarts:
         launch = ["--master_port", str(_free_port()), "--max-restarts", str(restarts)]
@@ -60,7 +60,7 @@ def ranks_alone(script: str, ranks: int, servers: Sequence[ServerProcess], *args
     """The ranks of a job started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR...),
     without its agent, which ends every rank once one fails: to see what the others do.
     Returns each rank's Job."""
-    base = dict(os.environ, REMOTE_ACCEL_SERVER=",".join("%s:%d" % s.tcp for s in servers),
+    base = dict(os.environ, REMOTE_ACCEL_SERVER=",".join(map(address, servers)),
                 REMOTE_ACCEL_TOKEN=",".join(s.token for s in servers), MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks), **(env or {}))
     procs = [subprocess.Popen([sys.executable, str(HERE / script), *args], stdout=subprocess.PIPE,
@@ -78,13 +78,20 @@ def ranks_alone(script: str, ranks: int, servers: Sequence[ServerProcess], *args
     return jobs
 
 
+def address(server: ServerProcess) -> str:
+    """"HOST:PORT" of the server's TCP listener, plain or TLS."""
+    return next(a.split(":", 1)[1] for a in server.addresses if a.startswith(("tcp:", "tls:")))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def server_stats(server: ServerProcess) -> dict:
-    """The server's figures (a STATS round trip of a client of its own)."""
-    with Client.tcp(*server.tcp, token=server.token) as c:
+def server_stats(server: ServerProcess, tls=None) -> dict:
+    """The server's figures (a STATS round trip of a client of its own; `tls`: the
+    ssl.SSLContext of a TLS server's clients)."""
+    host, port = address(server).rsplit(":", 1)
+    with Client.tcp(host, int(port), token=server.token, tls=tls) as c:
         return c.stats()

@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 
+from .. import config
 from . import runtime
 from ._native import load
 
@@ -28,7 +29,8 @@ def is_initialized() -> bool:
 
 
 def device_count() -> int:
-    return len(runtime.sessions()) or (1 if runtime.connects_on_first_use() else 0)
+    """The servers connected, or those the environment names before the first use connects."""
+    return len(runtime.sessions()) or (len(config.servers()) if runtime.connects_on_first_use() else 0)
 
 
 def _lazy_init() -> None:

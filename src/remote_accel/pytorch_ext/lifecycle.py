@@ -117,8 +117,7 @@ def init(
     if servers is None:
         # "host:port" or several, comma-separated: remote_accel:0, remote_accel:1, ... (every
         # rank of a torchrun job sees them all, as every CUDA process sees every GPU)
-        named = server or config.setting(config.ENV_SERVER)
-        servers = [s.strip() for s in named.split(",")] if named else [None]
+        servers = config.servers(server)
         if tokens is None and token is None and len(servers) > 1 and "," in config.setting(config.ENV_TOKEN):
             tokens = [t.strip() for t in config.setting(config.ENV_TOKEN).split(",")]
     elif isinstance(servers, str):
@@ -191,6 +190,9 @@ def connect_on_first_use() -> None:
 
     _register.register_device()
     runtime.connect_on_first_use(connect_from_environment)
+    # as CUDA counts its devices before it initialises: a torchrun rank takes
+    # remote_accel:LOCAL_RANK (torch.accelerator.device_count() tells it how many there are)
+    _register.set_device_count(len(config.servers()))
     frameworks.install()
 
 
