@@ -4,7 +4,7 @@
 #   ./quickstart.sh test   the test suite (what CI runs): the main venv (.venv, torch 2.13.0),
 #                          then ./quickstart.sh models
 #   ./quickstart.sh models [pytest args]  third-party models (tests/models) and the device,
-#                          server and end-to-end suites in .venv-models (torch 2.14.1,
+#                          server, end-to-end and distributed suites in .venv-models (torch 2.14.1,
 #                          torchvision, transformers, timm, accelerate, Lightning)
 #   ./quickstart.sh setup  set up and build .venv only
 #   ./quickstart.sh sanitize [pytest args]  the C/C++ parts built with ASan and UBSan in
@@ -108,7 +108,7 @@ models_packages=(transformers==5.23.0 timm==1.0.31 accelerate==1.16.0 lightning=
                  diffusers==0.42.1 peft==0.22.0 sentence-transformers==6.3.0)
 # the slow OpInfo sweep runs once, with the main venv's torch: CI's time is bounded; so
 # do the tests that no torch can change (any_torch: transports, liveness, auth, pools)
-models_suites=(-m "not slow and not any_torch" tests/models tests/device tests/e2e tests/server)
+models_suites=(-m "not slow and not any_torch" tests/models tests/device tests/e2e tests/server tests/distributed)
 prepare_models() { prepare_venv "$models_venv" "$models_torch" "${models_packages[@]}"; }
 run_models() {
   prepare_models || return
