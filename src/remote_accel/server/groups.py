@@ -423,6 +423,8 @@ def place_link_message(session, header, meta, lengths: list) -> tuple:
     member = server.groups.member(group, rank, lambda: not server.stopping and not session.transport.closed)
     if member is None:
         raise ProtocolError("the server is stopping")
+    if msg.nbytes > member.owner.table.limit:  # held until its collective takes it: bounded as the rank's storages
+        raise ProtocolError(f"COLL_DATA of {msg.nbytes} bytes exceeds the rank's memory limit")
     buffer = member.buffer(msg.nbytes)
     return msg, (member, buffer), [host_bytes(buffer)]
 
