@@ -3,6 +3,7 @@ go wrong (argv[1]), then what every rank sees. Each rank prints "raised SECONDS 
 MESSAGE" when a sync point raises, or "no error"; a rank that must die exits at once."""
 
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -28,11 +29,12 @@ elif case == "absent":
     if rank == world - 1:
         print("never joins the collective", flush=True)
         time.sleep(3600)
-elif case in ("peer_dies", "server_dies"):
+elif case in ("peer_dies", "server_dies", "server_freezes"):
     y = torch.ones(10, device=dev)
     if rank == world - 1:
-        if case == "server_dies":
-            os.kill(int(os.environ["RACCL_TEST_SERVER_PIDS"].split(",")[rank]), 9)
+        if case in ("server_dies", "server_freezes"):
+            os.kill(int(os.environ["RACCL_TEST_SERVER_PIDS"].split(",")[rank]),
+                    signal.SIGKILL if case == "server_dies" else signal.SIGSTOP)
             time.sleep(1)
         else:
             print("dies now", flush=True)

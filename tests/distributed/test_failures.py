@@ -5,6 +5,9 @@ goes on from its own checkpoint)."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from torchrun_jobs import ranks_alone, torchrun
@@ -51,6 +54,22 @@ def test_a_killed_server_fails_every_rank_with_what_happened(fresh_servers):
     # which lost its connection to the dead one: neither goes on with data it did not get
     assert any("is gone" in r for r in raised) and any("closed its connection" in r for r in raised), job.text()
     assert not fresh_servers[1].alive()
+
+
+def test_a_frozen_server_fails_every_rank_within_the_timeout(fresh_servers):
+    frozen = fresh_servers[1]
+    pids = ",".join(str(s.proc.pid) for s in fresh_servers)
+    try:
+        job = torchrun("failure_job.py", 2, fresh_servers, "server_freezes", env={"RACCL_TEST_SERVER_PIDS": pids})
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    raised = job.starting("raised")
+    assert len(job.starting("rank")) >= 2 and len(raised) == 2, job.text()  # both joined, then both raised
+    # the rank on the frozen server hears its silence; the other from its server, which no
+    # longer hears the frozen one's pings: both within the clients' timeout (10 s), not the group's
+    assert any("froze" in r and "silent" in r for r in raised), job.text()
+    assert any("no message for 10 s" in r for r in raised), job.text()
+    assert all(float(r.split()[0]) < 30 for r in raised), raised
 
 
 def test_a_rank_that_dies_fails_the_others_at_once(two_servers):
