@@ -13,7 +13,9 @@ REMOTE_ACCEL_SERVER (with --tls a server speaking TLS only, with a CA made for t
 with --dpdk a `--transport tcp,dpdk` server that the rank reaches over memif), as a
 torchrun user's script does. The worker trains an MLP (--depth blocks of Linear(width,
 4 width), ReLU, Linear(4 width, width)) with AdamW, data parallel over the ranks with a
-fixed per-rank batch (weak scaling: efficiency(N) = step(1) / step(N)). A step uploads
+fixed per-rank batch (weak scaling: efficiency(N) = step(1) / step(N)); DDP's steps again
+inside `no_sync()` (no reduction) say what the collectives add to a step, to compare
+with one all_reduce of the gradients' bytes below (how much of it the step hid). A step uploads
 its batch from the rank's host and reads the loss back (`.item()`): those bytes, and
 the messages that queue the work, are all that should cross a client; the gradients
 go server to server.
@@ -101,27 +103,32 @@ def worker(args) -> None:
         trained = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-3)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    times = []
-    stats = None
-    for step in range(args.steps + 2):
-        if step == 2:
-            stats = torch.remote_accel.stats()
-        start = time.perf_counter()
-        x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, args.width)
-        loss = nn.functional.mse_loss(trained(x.to(dev)), y.to(dev))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        loss.item()
-        if step >= 2:
+
+    def steps(n: int) -> list:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, args.width)
+            loss = nn.functional.mse_loss(trained(x.to(dev)), y.to(dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
             times.append(time.perf_counter() - start)
+        return times
+
+    steps(2)  # warm-up: plans, buckets, the group's connections
+    stats = torch.remote_accel.stats()
+    times = steps(args.steps)
     after = torch.remote_accel.stats()
-    steps = args.steps
     row = {"step_ms": statistics.median(times) * 1e3, "grad_bytes": grad_bytes,
            "client_wire_bytes": (after["bytes_sent"] + after["bytes_received"] - stats["bytes_sent"]
-                                 - stats["bytes_received"]) / steps,
+                                 - stats["bytes_received"]) / args.steps,
            "client_tensor_bytes": (after["bytes_up"] + after["bytes_down"] - stats["bytes_up"]
-                                   - stats["bytes_down"]) / steps}
+                                   - stats["bytes_down"]) / args.steps}
+    if args.worker == "ddp":  # the same steps with no reduction: what the collectives add to a step
+        with trained.no_sync():
+            row["local_step_ms"] = statistics.median(steps(args.steps)) * 1e3
     gathered = [None] * world
     dist.all_gather_object(gathered, row)
     if rank == 0:
@@ -276,8 +283,8 @@ def main(argv=None) -> int:
 def print_tables(args, out: dict, ranks: list, models: list) -> None:
     print(f"bench_ddp {out['date']}, link {out['link']}, MLP width {args.width} depth {args.depth}, "
           f"batch {args.batch} per rank, {args.steps} steps")
-    print(f"{'model':<7}{'ranks':>6}{'step ms':>10}{'efficiency':>12}{'client B/step':>15}{'tensor B/step':>15}"
-          f"{'grad bytes':>12}")
+    print(f"{'model':<7}{'ranks':>6}{'step ms':>10}{'no_sync ms':>12}{'efficiency':>12}{'client B/step':>15}"
+          f"{'tensor B/step':>15}{'grad bytes':>12}")
     for model in models:
         one = None
         for n in ranks:
@@ -287,7 +294,8 @@ def print_tables(args, out: dict, ranks: list, models: list) -> None:
             step = max(r["step_ms"] for r in rows)  # the slowest rank sets the pace
             one = one or (step if n == ranks[0] == 1 else None)
             efficiency = f"{one / step:.2f}" if one else "-"
-            print(f"{model:<7}{n:>6}{step:>10.2f}{efficiency:>12}{rows[0]['client_wire_bytes']:>15.0f}"
+            local = max(r.get("local_step_ms", float("nan")) for r in rows)
+            print(f"{model:<7}{n:>6}{step:>10.2f}{local:>12.2f}{efficiency:>12}{rows[0]['client_wire_bytes']:>15.0f}"
                   f"{rows[0]['client_tensor_bytes']:>15.0f}{rows[0]['grad_bytes']:>12}")
     copies = {c["bytes"]: c["copy_gbps"] for c in out["copies"]}
     for n, rows in out["bandwidth"].items():
