@@ -18,6 +18,12 @@ works again after `remote_accel.shutdown()` and `remote_accel.init(servers=pool)
 Each server draws its own random token; it reaches the client as an actor method's
 return value, through Ray's object store, never through a file.
 
+Ray Train (`ray.train.torch.TorchTrainer`, docs/ray.md): its workers are the ranks of a
+torch.distributed job; `TorchConfig(backend="raccl")` makes their process group raccl,
+`WORKER_SETUP_HOOK` in the workers' runtime environment registers that backend before
+Ray creates the group, and each worker's train loop calls `remote_accel.init(servers=pool)`
+and trains on `remote_accel:<its world rank>`: one server of the pool per worker.
+
 Importing this module does not import Ray; creating a pool does (`pip install
 remote_accel[ray]`).
 """
@@ -34,7 +40,12 @@ from .errors import ConfigError, RemoteAccelError, UnavailableError
 
 log = logging.getLogger("remote_accel.ray")
 
-__all__ = ["ServerPool"]
+__all__ = ["ServerPool", "WORKER_SETUP_HOOK", "setup_worker"]
+
+#: Ray's `worker_process_setup_hook` for Ray Train's workers (the runtime environment of
+#: `RunConfig(worker_runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK})`):
+#: setup_worker, named so that Ray imports it in the worker
+WORKER_SETUP_HOOK = "remote_accel.ray.setup_worker"
 
 #: How long the pool waits for its servers to start (or restart) when asked for them.
 READY_TIMEOUT_S = 300.0
@@ -248,6 +259,18 @@ class _HostChoice:
 
         here = ray.util.get_node_ip_address()
         return "127.0.0.1" if here == marker[len(cls.PREFIX):] else here
+
+
+def setup_worker() -> None:
+    """Make this Ray worker process a remote_accel client: the device and its
+    torch.distributed backend `raccl` registered with torch, connecting to nothing yet.
+    Ray Train creates its workers' process group (`TorchConfig(backend="raccl")`) before
+    the train loop runs, and torch knows a backend only once it is registered; the loop's
+    `remote_accel.init(servers=pool)` then connects, and the group's first collective
+    joins the servers. Ray runs this in each worker as it starts (WORKER_SETUP_HOOK)."""
+    from .pytorch_ext import _register
+
+    _register.register_device()
 
 
 def _dead_for_good(exc) -> bool:

@@ -35,11 +35,15 @@ PATCH_POINTS = {
     "lightning.fabric.connector": "lightning",
     "lightning.pytorch.accelerators": "lightning",
     "lightning.pytorch.trainer.connectors.accelerator_connector": "lightning",
+    "lightning.fabric.strategies.ddp": "lightning",
+    "lightning.pytorch.strategies.ddp": "lightning",
     # Lightning's standalone packages: the same code under other names
     "lightning_fabric.accelerators": "lightning",
     "lightning_fabric.connector": "lightning",
     "pytorch_lightning.accelerators": "lightning",
     "pytorch_lightning.trainer.connectors.accelerator_connector": "lightning",
+    "lightning_fabric.strategies.ddp": "lightning",
+    "pytorch_lightning.strategies.ddp": "lightning",
 }
 
 _installed: set[str] = set()  # patch points waited for

@@ -18,7 +18,12 @@ and `lightning.fabric`, and the standalone `pytorch_lightning` and `lightning_fa
     torch.distributed maps to the device);
   - `precision="16-mixed"` / `"bf16-mixed"` get `MixedPrecision(device="remote_accel")`
     (autocast and GradScaler on the device), what a user would pass as `plugins=`, where
-    Lightning builds `MixedPrecision(device="cuda")` for every accelerator but cpu and mps.
+    Lightning builds `MixedPrecision(device="cuda")` for every accelerator but cpu and mps;
+- in the DDP strategies (`*.strategies.ddp`: the Trainer's `_setup_model`, Fabric's
+  `setup_module`), a model on remote_accel is wrapped in `DistributedDataParallel` as
+  Lightning wraps one on a GPU, without the `torch.cuda.Stream()` Lightning makes
+  around it for every device but cpu (which fails on a client without a CUDA driver, and
+  would make a CUDA context on one with it; remote_accel has one stream per device).
 
 A Lightning outside the supported versions gets the accelerator registered still, and
 `accelerator="remote_accel"` raises an error naming the versions supported. Upstream,
@@ -55,6 +60,8 @@ def patch(module) -> None:
     problem = _support.unsupported(module.__name__.split(".")[0], SUPPORTED, TESTED)
     if module.__name__.endswith(".accelerators"):
         _register(module, problem)
+    elif problem is None and module.__name__.endswith(".strategies.ddp"):
+        _adapt_ddp(module)
     elif problem is None:
         _adapt_connector(module)
     log.debug("%s adapted to the remote_accel device%s", module.__name__, f" ({problem})" if problem else "")
@@ -175,3 +182,21 @@ def _adapt_connector(module) -> None:
     connector._choose_auto_accelerator = staticmethod(_choose_auto_accelerator)
     connector._choose_strategy = _choose_strategy
     connector._check_and_init_precision = _check_and_init_precision
+
+
+# -- the DDP strategies ----------------------------------------------------------------------------
+def _adapt_ddp(module) -> None:
+    strategy = module.DDPStrategy
+    # the Trainer's strategy wraps in _setup_model, Fabric's in setup_module; each asks
+    # its own method for the device ids
+    name, ids = (("_setup_model", "determine_ddp_device_ids") if "_setup_model" in vars(strategy)
+                 else ("setup_module", "_determine_ddp_device_ids"))
+    wrap = getattr(strategy, name)
+
+    @functools.wraps(wrap)
+    def _wrap_in_ddp(self, model):
+        if self.root_device.type != _support.DEVICE:
+            return wrap(self, model)
+        return module.DistributedDataParallel(module=model, device_ids=getattr(self, ids)(), **self._ddp_kwargs)
+
+    setattr(strategy, name, _wrap_in_ddp)
