@@ -289,3 +289,21 @@ def test_compile_refuses_an_unknown_run():
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_compile.py"), "--runs", "compiled,fast"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--runs: some of replayed, compiled" in proc.stderr, proc.stderr
+
+
+def test_ddp_rows_bandwidth_and_model():
+    lines = run_bench("bench_ddp.py", "--ranks", "1,2", "--models", "ddp", "--steps", "1", "--sizes", "64K",
+                      "--width", "64", "--depth", "1", "--server-threads", "1")
+    assert lines[0].startswith("bench_ddp ") and "link tcp" in lines[0], lines
+    rows = {int(r[0]): numbers(" ".join(r[1:])) for r in (line.split()[1:] for line in lines if line.startswith("ddp "))}
+    assert sorted(rows) == [1, 2], lines
+    for n, r in rows.items():
+        # step ms, no_sync ms, efficiency, client B/step, tensor B/step, grad bytes
+        assert len(r) == 6 and r[0] > 0 and r[1] > 0, lines
+        # the client sends the batch and reads the loss; the gradients never pass through it
+        assert r[3] < r[5], lines
+    assert rows[1][2] == 1.0, lines
+    bandwidth = numbers(row(lines, "65536"))  # time us, algbw, busbw, copy, busbw/copy
+    assert len(bandwidth) == 5 and bandwidth[0] > 0, lines
+    modelled = [line.split()[0] for line in lines if re.match(r"\s+\d+ servers: step", line)]
+    assert modelled == ["1", "2", "4", "8"], lines
