@@ -32,7 +32,8 @@ the protocol more than the scaling a GPU cluster would see. The model for GPU se
     busbw   = efficiency * NCCL_RING_BUSBW_GBPS   (efficiency: busbw / direct copy here)
 with compute the step's FLOPs at --gpu-tflops, NCCL's ring busbw on a 100 Gb/s network
 as the anchor, and no overlap of the all-reduce with the backward (a server runs a
-rank's collectives in order with its ops).
+rank's collectives in order with its ops); for this MLP and for GPT-2 small (124M
+parameters, 8 x 1024 tokens per rank, bf16 gradients), a step a GPU cluster runs.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ MIB = 1 << 20
 #: NCCL's all_reduce ring busbw over one 100 Gb/s NIC per server (nccl-tests on 8 nodes
 #: of 8 GPUs, RoCE or InfiniBand HDR-100: 11-12 GB/s, ~93% of the link's 12.5 GB/s)
 NCCL_RING_BUSBW_GBPS = 11.6
+#: GPT-2 small's parameters, the model's second, GPU-sized workload
+GPT2_PARAMS = 124_439_808
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -313,16 +316,24 @@ def print_tables(args, out: dict, ranks: list, models: list) -> None:
     efficiency = big["busbw"] / copies[big["bytes"]] if copies.get(big["bytes"]) else 1.0
     busbw = efficiency * NCCL_RING_BUSBW_GBPS
     grads = out["train"][f"{models[0]} {ranks[0]}"][0]["grad_bytes"]
-    flops = 6 * grads / 4 * args.batch  # forward and backward of a dense model: 6 FLOPs per parameter per sample
-    compute_ms = flops / (args.gpu_tflops * 1e12) * 1e3
     print(f"\nmodel for 8 GPU servers on 100 Gb/s (NCCL ring busbw {NCCL_RING_BUSBW_GBPS} GB/s as the anchor, "
-          f"raccl's busbw/copy here {efficiency:.2f} at {big['bytes']} B: {busbw:.1f} GB/s); this MLP at "
-          f"{args.gpu_tflops:g} TFLOPS computes {compute_ms:.3f} ms a step:")
+          f"raccl's busbw/copy here {efficiency:.2f} at {big['bytes']} B: {busbw:.1f} GB/s; no overlap of the "
+          f"all_reduce with the backward), at {args.gpu_tflops:g} TFLOPS:")
+    # this MLP: 6 FLOPs per parameter per sample (forward and backward of a dense model)
+    model_rows(f"this MLP, batch {args.batch} per rank", 6 * grads / 4 * args.batch, grads, busbw, args.gpu_tflops)
+    # a model a GPU cluster trains: GPT-2 small (124M parameters), 8 x 1024 tokens per rank, bf16 gradients
+    model_rows("GPT-2 124M, 8 x 1024 tokens per rank, bf16 gradients", 6 * GPT2_PARAMS * 8 * 1024,
+               GPT2_PARAMS * 2, busbw, args.gpu_tflops)
+
+
+def model_rows(name: str, flops: float, grad_bytes: float, busbw_gbps: float, tflops: float) -> None:
+    """step(N) = compute + ring all_reduce of the gradients at busbw, for 1, 2, 4 and 8 servers."""
+    compute_ms = flops / (tflops * 1e12) * 1e3
+    print(f"  {name}: compute {compute_ms:.3f} ms a step")
     for n in (1, 2, 4, 8):
-        comm_ms = 2 * (n - 1) / n * grads / (busbw * 1e9) * 1e3
+        comm_ms = 2 * (n - 1) / n * grad_bytes / (busbw_gbps * 1e9) * 1e3
         print(f"  {n} servers: step {compute_ms + comm_ms:.3f} ms (all_reduce {comm_ms:.3f} ms), efficiency "
               f"{compute_ms / (compute_ms + comm_ms):.2f}")
-
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, the benchmarks' helpers
