@@ -415,7 +415,7 @@ def test_a_tls_destination_the_clients_ca_does_not_vouch_for_fails_the_copy(pki)
 
 def test_a_copys_ca_that_is_no_certificate_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="no PEM certificate"):
-        PeerCopies().tls_context("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+        PeerCopies().tls.get("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n", "PeerSend")
 
 
 DPDK_AND_TCP = textwrap.dedent("""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from remote_accel.server.testing import Client, ServerProcess
+from remote_accel.server.testing import Client, ServerProcess, wait_for
 
 # serial: up to 25 memif clients and their EALs at once, alone on the machine in CI
 pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch, pytest.mark.serial]
@@ -85,17 +85,6 @@ def read_line(proc: subprocess.Popen) -> str:
 def tell(proc: subprocess.Popen, text: str) -> None:
     proc.stdin.write(text + "\n")
     proc.stdin.flush()
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def socket_of(server) -> str:

@@ -33,6 +33,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from typing import Optional
 
 from ..errors import AuthError, ConfigError, PeerGone, ProtocolError, RemoteAccelError, TransportTimeout
@@ -81,6 +82,38 @@ def client_context(ca: Optional[str] = None, cert: Optional[str] = None, key: Op
     elif key:
         raise ConfigError("a TLS client key needs its certificate too")
     return ctx
+
+
+class PeerContexts:
+    """A server's TLS settings for its connections to other servers (direct copies,
+    process groups), by the CA text a client named to check the other server; the most
+    recent `kept` of them (a handful of CAs at most: one per client deployment)."""
+
+    def __init__(self, identity: Optional[tuple[str, str]] = None, kept: int = 8):
+        #: this server's (certificate, key) files, shown to another server that asks
+        self.identity = identity
+        self._kept = kept
+        self._lock = threading.Lock()
+        self._contexts: "OrderedDict[str, ssl.SSLContext]" = OrderedDict()
+
+    def get(self, ca_text: str, purpose: str) -> ssl.SSLContext:
+        """The settings for a connection checked by `ca_text`; ProtocolError naming
+        `purpose` (the message that carried the CA) where the text is no certificate."""
+        with self._lock:
+            ctx = self._contexts.get(ca_text)
+            if ctx is not None:
+                self._contexts.move_to_end(ca_text)
+                return ctx
+        cert, key = self.identity or (None, None)  # checked when the server started
+        try:
+            ctx = client_context(cert=cert, key=key, ca_text=ca_text)
+        except ConfigError as exc:
+            raise ProtocolError(f"{purpose}: the CA is no PEM certificate ({exc})") from None
+        with self._lock:
+            self._contexts[ca_text] = ctx
+            while len(self._contexts) > self._kept:
+                self._contexts.popitem(last=False)
+        return ctx
 
 
 def _load(fn, what: str, *paths) -> None:

@@ -40,9 +40,9 @@ from .. import config
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.tcp import TcpTransport
-from ..dataplane.tls import TlsTransport, client_context
+from ..dataplane.tls import PeerContexts, TlsTransport
 from ..dataplane.wire import MsgType
-from ..errors import ConfigError, ProtocolError, RemoteOpError, TransportError
+from ..errors import ProtocolError, RemoteOpError, TransportError
 from .storage import host_bytes
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,10 @@ class GroupError(RemoteOpError):
 class Groups:
     """The members of process groups on this server, by (group, rank)."""
 
-    def __init__(self, tls_identity: Optional[tuple[str, str]] = None):
-        self.tls_identity = tls_identity  # shown to a peer that asks TLS clients for a certificate
+    def __init__(self, tls: Optional[PeerContexts] = None):
+        self.tls = tls or PeerContexts()  # settings of connections to peers that speak TLS (shared with peer.py)
         self._cond = threading.Condition()
         self._members: dict[tuple[bytes, int], Member] = {}
-        self._tls: dict[str, object] = {}  # SSL contexts by CA text
         self.bytes_sent = 0
         self.bytes_received = 0
         self.collectives = 0
@@ -120,19 +119,6 @@ class Groups:
             if failed:
                 member.fail(why)
             member.close()
-
-    def tls_context(self, ca_text: str):
-        with self._cond:
-            ctx = self._tls.get(ca_text)
-        if ctx is None:
-            cert, key = self.tls_identity or (None, None)
-            try:
-                ctx = client_context(cert=cert, key=key, ca_text=ca_text)
-            except ConfigError as exc:
-                raise ProtocolError(f"CollJoin: a peer's CA is no PEM certificate ({exc})") from None
-            with self._cond:
-                self._tls[ca_text] = ctx
-        return ctx
 
     def stats(self) -> dict:
         with self._cond:
@@ -232,7 +218,7 @@ class Member:
             if type(ca_text) is not str:
                 raise ProtocolError(f"CollJoin: peer {rank}'s tls_ca must be PEM text")
             link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S,
-                                        tls=self.groups.tls_context(ca_text))
+                                        tls=self.groups.tls.get(ca_text, "CollJoin"))
         else:
             link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)
         try:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -53,9 +52,9 @@ from .. import config
 from ..dataplane import handshake
 from ..dataplane import messages as m
 from ..dataplane.tcp import TcpTransport
-from ..dataplane.tls import TlsTransport, client_context
+from ..dataplane.tls import PeerContexts, TlsTransport
 from ..dataplane.wire import MsgType
-from ..errors import ConfigError, PeerGone, ProtocolError, RemoteOpError, TransportTimeout
+from ..errors import PeerGone, ProtocolError, RemoteOpError, TransportTimeout
 from .failure import Failure
 from .peer_links import KEEP_LINK_S, KeptLink, KeptLinks
 from .storage import host_bytes
@@ -79,8 +78,6 @@ PROBE_EVERY_S = 1.0
 #: tickets of finished copies remembered, so that a replayed key is refused at once (an
 #: older one is refused all the same once its key expired)
 MAX_USED_TICKETS = 65536
-#: TLS settings kept for copies to TLS destinations, one per CA a client named
-TLS_CONTEXTS_KEPT = 8
 #: A destination ends a copy connection idle this long (or its heartbeat timeout): the
 #: connection a source that went away kept (peer_links.py) is left behind.
 COPY_IDLE_S = 3 * KEEP_LINK_S
@@ -103,10 +100,9 @@ class PeerCopies:
     """A server's expected copies (by ticket) and its peer counters: bytes and copies
     sent to and received from other servers, which never passed through a client."""
 
-    def __init__(self, tls_identity: Optional[tuple[str, str]] = None):
-        #: this server's (certificate, key) files, shown to a TLS destination that asks
-        self.tls_identity = tls_identity
-        self._tls_contexts: "OrderedDict[str, ssl.SSLContext]" = OrderedDict()  # by CA text
+    def __init__(self, tls: Optional[PeerContexts] = None):
+        #: the TLS settings of copies to destinations that speak TLS (shared with groups.py)
+        self.tls = tls or PeerContexts()
         self._cond = threading.Condition()
         self._slots: dict[bytes, _Slot] = {}
         self._used: "OrderedDict[bytes, None]" = OrderedDict()  # tickets written, newest last
@@ -116,25 +112,6 @@ class PeerCopies:
         self.copies_sent = 0
         self.copies_received = 0
         self.links_opened = 0  # connections to destinations: fewer than copies_sent when kept
-
-    def tls_context(self, ca_text: str) -> ssl.SSLContext:
-        """The TLS settings of a copy to a destination checked by `ca_text`; kept for
-        the next copies (a handful of CAs at most: one per client deployment)."""
-        with self._cond:
-            ctx = self._tls_contexts.get(ca_text)
-            if ctx is not None:
-                self._tls_contexts.move_to_end(ca_text)
-                return ctx
-        cert, key = self.tls_identity or (None, None)  # checked when the server started
-        try:
-            ctx = client_context(cert=cert, key=key, ca_text=ca_text)
-        except ConfigError as exc:
-            raise ProtocolError(f"PeerSend: the destination's CA is no PEM certificate ({exc})") from None
-        with self._cond:
-            self._tls_contexts[ca_text] = ctx
-            while len(self._tls_contexts) > TLS_CONTEXTS_KEPT:
-                self._tls_contexts.popitem(last=False)
-        return ctx
 
     def stats(self) -> dict:
         return {"peer_bytes_sent": self.bytes_sent, "peer_bytes_received": self.bytes_received,
@@ -374,7 +351,7 @@ def _connect(session, request: m.PeerSend) -> KeptLink:
     host, port = config.parse_host_port(request.address)
     try:
         if request.tls_ca is not None:
-            tls = session.server.peer_copies.tls_context(request.tls_ca)
+            tls = session.server.peer_copies.tls.get(request.tls_ca, "PeerSend")
             link = TlsTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S, tls=tls)
         else:
             link = TcpTransport.connect(host, port, timeout=CONNECT_TIMEOUT_S)

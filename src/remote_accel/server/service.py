@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Optional
 
 from ..dataplane.tcp import TcpListener
+from ..dataplane.tls import PeerContexts
 from ..dataplane.transport import Listener, Transport
 from ..errors import TransportClosed, TransportTimeout
 from .counters import Totals
@@ -59,8 +60,9 @@ class Server:
         self.max_clients = max_clients
         self.heartbeat_timeout = heartbeat_timeout
         self.graphs = GraphCompiler(device)  # compiled RunGraph graphs, shared by every session
-        self.peer_copies = PeerCopies(tls_identity)  # copies to and from other servers (server-to-server)
-        self.groups = Groups(tls_identity)  # process groups' members and their connections
+        peer_tls = PeerContexts(tls_identity)  # this server's TLS settings toward other servers
+        self.peer_copies = PeerCopies(peer_tls)  # copies to and from other servers (server-to-server)
+        self.groups = Groups(peer_tls)  # process groups' members and their connections
         self.stopping = False
         # The error that made the device unusable; kept so that the tensors its frames
         # hold are never freed (freeing on a lost CUDA context aborts the process).
