@@ -130,10 +130,11 @@ if [[ $what == models ]]; then
   exit
 fi
 venv=${REMOTE_ACCEL_VENV:-.venv}
-# ray: remote_accel.ray's server pool, tested on a local Ray cluster (tests/e2e/test_ray_pool.py);
+# ray: remote_accel.ray's server pool, tested on a local Ray cluster (tests/e2e/test_ray_pool.py),
+# with its train extra for Ray Train's TorchTrainer (tests/distributed/test_ray_train.py);
 # atheris: fuzz/run.sh's handshake target (3.0.0: the newest with a wheel for CPython 3.11),
 # here with the other test packages so that the fuzz run installs nothing itself
-prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" ray==2.60.0 atheris==3.0.0
+prepare_venv "$venv" "${REMOTE_ACCEL_TORCH:-torch==2.13.0}" "ray[train]==2.60.0" atheris==3.0.0
 
 case $what in
   setup) log "ready: $venv/bin has remote-accel-server, ra-testpmd, ra-pmdinfo, ra-dump, ra-demo, ra-top" ;;

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.any_torch  # the main venv's suite has Ray; the models 
 
 try:
     import ray
-except ImportError:
+    import ray.train.torch
+except ImportError:  # Ray, or its train extra (pandas, pyarrow, fsspec), is missing
     ray = None
-#: a skip reason CI turns into a failure (tests/conftest.py): its main venv has Ray
-NO_RAY = "remote_accel.ray needs Ray: pip install 'remote_accel[ray]'"
+#: a skip reason CI turns into a failure (tests/conftest.py): its main venv has Ray Train
+NO_RAY = "remote_accel.ray needs Ray, and Ray Train its train extra: pip install 'ray[train]'"
 
 MIB = 1 << 20
 STEPS = 4
