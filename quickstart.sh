@@ -151,19 +151,26 @@ case $what in
     (renice -n 19 "$BASHPID" >/dev/null; prepare_models) >build/models-venv.log 2>&1 &
     models_setup=$!
     # Two workers, a test module each at a time (--dist loadscope keeps a module's server
-    # in one process); modules marked `serial` (many processes, measured rows) run alone after.
+    # in one process); the tests marked `serial` (many processes each: benchmarks, memif
+    # crowds) run after, away from the rest, two at a time.
     "$py" -m pytest -p no:cacheprovider --durations=25 --ignore=tests/models -n 2 --dist loadscope -m "not serial" \
       || status=$?
-    "$py" -m pytest -p no:cacheprovider --durations=10 --ignore=tests/models -m serial || status=$?
-    # each fuzz target for a few seconds on its seed corpus (~1 minute with the builds)
-    fuzz/run.sh -max_total_time=5 || status=$?
-    # the C that parses a peer's bytes (shim, codec) under ASan and UBSan, over this venv's
-    # package, and the suites that drive it (~3 minutes with the build)
-    REMOTE_ACCEL_VENV=$venv scripts/sanitize.sh --c-parts || status=$?
+    "$py" -m pytest -p no:cacheprovider --durations=10 --ignore=tests/models -n 2 --dist load -m serial || status=$?
+    # The C checks run beside the models suite, each a process at a time (a core at most),
+    # while the suite's workers mostly wait on their servers: each fuzz target for a few
+    # seconds on its seed corpus, then the C that parses a peer's bytes (shim, codec) under
+    # ASan and UBSan, over this venv's package, and the suites that drive it.
+    (checks=0
+     fuzz/run.sh -max_total_time=5 || checks=1
+     REMOTE_ACCEL_VENV=$venv scripts/sanitize.sh --c-parts || checks=1
+     exit $checks) >build/c-checks.log 2>&1 &
+    c_checks=$!
     if ! wait "$models_setup"; then
       cat build/models-venv.log >&2
       exit 1
     fi
     run_models "${models_suites[@]}" -n 2 --dist loadscope || status=$?
+    wait "$c_checks" || status=$?
+    cat build/c-checks.log
     exit $status ;;
 esac

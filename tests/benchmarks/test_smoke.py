@@ -38,7 +38,7 @@ def need_dpdk(require_in_ci):
 
 
 # serial: each benchmark starts servers and local baselines in clean processes; CI runs
-# them alone on the machine, after the two-worker run of the rest
+# them after the rest of the suite, two tests at a time
 pytestmark = pytest.mark.serial
 
 

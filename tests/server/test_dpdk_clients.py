@@ -17,7 +17,7 @@ import pytest
 
 from remote_accel.server.testing import Client, ServerProcess, wait_for
 
-# serial: up to 25 memif clients and their EALs at once, alone on the machine in CI
+# serial: up to 25 memif clients and their EALs at once, away from the rest of the suite in CI
 pytestmark = [pytest.mark.dpdk, pytest.mark.any_torch, pytest.mark.serial]
 
 try:
