@@ -14,6 +14,9 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # each rank takes its own device; where ranks outnumber the servers, they share them
 torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]) % torch.accelerator.device_count())
 dist.init_process_group()
+# no backend named: torch maps the device to raccl (get_backend() says "undefined" here, as
+# for every device after a no-argument init_process_group)
+assert "remote_accel:raccl" in dist.get_backend_config(), dist.get_backend_config()
 dev = torch.device("remote_accel", torch.accelerator.current_device_index())
 BATCH = 8  # per rank
 

@@ -19,6 +19,10 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 local = int(os.environ["LOCAL_RANK"])
 torch.accelerator.set_device_index(local)
 dist.init_process_group(device_id=torch.device("remote_accel", local))
+# the backend torch picked from the device, by name (issue 52's three ways to ask)
+assert dist.get_backend() == "raccl", dist.get_backend()
+assert dist.get_default_backend_for_device("remote_accel") == "raccl"
+assert "remote_accel:raccl" in dist.get_backend_config(), dist.get_backend_config()
 dev = torch.device("remote_accel", local)
 
 

@@ -11,7 +11,8 @@ remote_accel:LOCAL_RANK. Run by test_frameworks_multi.py as
 - "trainer": transformers' `Trainer`, default arguments, a tiny GPT-2, 2 sequences a rank
   a step; its losses are compared by the test with `alone`'s (4 a step, one process).
 
-Each rank prints one JSON line starting "RANK<r> ".
+Each rank writes its JSON result to rank<r>.json in $MULTI_RESULTS (the ranks' lines
+on one stdout can run into each other).
 """
 
 from transformers import TrainingArguments  # isort: skip  (torch's autoload comes while it runs)
@@ -116,7 +117,8 @@ def main() -> int:
     if "trainer" in what:
         results["trainer"] = trainer(PER_RANK)
     rank = dist.get_rank()
-    print(f"RANK{rank} " + json.dumps(results), flush=True)
+    with open(os.path.join(os.environ["MULTI_RESULTS"], f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
     dist.barrier()
     return 0
 

@@ -12,10 +12,12 @@ or torchrun starts both. Run by test_frameworks_multi.py as
 - "fabric": `Fabric(accelerator="remote_accel", devices=2)`, `fabric.launch()`, the same
   model and data by hand.
 Each rank checks against the same steps in plain torch on cpu over the whole batch (8 rows,
-one process) and prints one JSON line starting "RANK<r> ".
+one process) and writes its JSON result to rank<r>.json in $MULTI_RESULTS (the ranks'
+lines on one stdout can run into each other).
 """
 
 import json
+import os
 import sys
 
 import lightning as L
@@ -139,7 +141,8 @@ def main() -> int:
     if "fabric" in what:
         results["fabric"] = fabric()
     rank = torch.distributed.get_rank()
-    print(f"RANK{rank} " + json.dumps(results), flush=True)
+    with open(os.path.join(os.environ["MULTI_RESULTS"], f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
     return 0
 
 

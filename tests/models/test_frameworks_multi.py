@@ -54,20 +54,20 @@ def _group_bytes(servers) -> list:
 
 
 def _run(command: list, servers, ranks: int = 2) -> list:
-    """Each rank's JSON result (the line "RANK<r> {...}"), rank 0 first, and the servers'
-    group bytes the run sent."""
+    """Each rank's JSON result (rank<r>.json in the run's folder), rank 0 first, after
+    checking that the servers sent each other group data during the run."""
     before = _group_bytes(servers)
     with tempfile.TemporaryDirectory(prefix="multi-") as folder:
-        out = subprocess.run(command, env=_environment(servers, folder), cwd=folder, capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-6000:]
-    results = {}
-    for line in text.splitlines():
-        word, _, rest = line.partition(" ")
-        if word.startswith("RANK") and word[4:].isdigit():
-            results[int(word[4:])] = json.loads(rest)
-    assert sorted(results) == list(range(ranks)), text[-6000:]
+        out = subprocess.run(command, env=dict(_environment(servers, folder), MULTI_RESULTS=folder), cwd=folder,
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-6000:]
+        results = {}
+        for rank in range(ranks):
+            path = os.path.join(folder, f"rank{rank}.json")
+            assert os.path.exists(path), f"rank {rank} wrote no result:\n{text[-6000:]}"
+            with open(path) as f:
+                results[rank] = json.load(f)
     sent = [after - b for after, b in zip(_group_bytes(servers), before)]
     assert all(s > 0 for s in sent), ("the servers exchanged no group data", sent)  # server to server
     return [results[r] for r in range(ranks)]
