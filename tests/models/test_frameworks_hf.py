@@ -14,10 +14,7 @@ import unchanged
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-#: fp32 on the server's CPU runs the same kernels as here: only summation orders may differ
-FP32 = dict(rtol=1e-5, atol=1e-6)
-#: autocast on remote_accel casts as on CUDA (more ops in half precision than CPU's autocast)
-HALF = dict(rtol=2e-3, atol=1e-3)
+FP32, HALF = unchanged.FP32, unchanged.HALF
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import unchanged
 
 L = pytest.importorskip("lightning")
 
-FP32 = dict(rtol=1e-5, atol=1e-6)
-HALF = dict(rtol=2e-3, atol=1e-3)
+FP32, HALF = unchanged.FP32, unchanged.HALF
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ pytest.importorskip("lightning")
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 300
 #: the same sums, in another order (two ranks' halves, then their mean)
-FP32 = dict(rtol=1e-5, atol=1e-6)
+FP32 = unchanged.FP32
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+#: how far a run on remote_accel may be from the same run on cpu, for the frameworks' tests:
+#: fp32 on the server's CPU runs the same kernels as here, only summation orders may differ
+FP32 = dict(rtol=1e-5, atol=1e-6)
+#: autocast on remote_accel casts as on CUDA (more ops in half precision than CPU's autocast)
+HALF = dict(rtol=2e-3, atol=1e-3)
+
 
 def clean_environment() -> dict:
     """This process's environment without any REMOTE_ACCEL_* variable: a machine that
